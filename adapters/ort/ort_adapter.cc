@@ -1,0 +1,354 @@
+// The ONNX Runtime adapter: turns every OpSpec of this library into ONNX Runtime custom ops in
+// the library's domain, with no per-op code. One OrtCustomOp is registered per combination of
+// the op's input dtypes (as onnxruntime-extensions does), so ONNX Runtime's own type inference
+// knows every output dtype and rejects a wrong dtype when the session is created.
+//
+// Built against ONNX Runtime's C API headers only and never linked with libonnxruntime: the API
+// table comes from RegisterCustomOps, so the library loads into any runtime at least as new as
+// its headers. Kernels are immutable after creation: one session may run on many threads.
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_c_api.h>
+
+#include <climits>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "opbridge/kernel_context.h"
+#include "opbridge/prepare.h"
+#include "opbridge/registry.h"
+
+namespace opbridge {
+namespace {
+
+const OrtApi* g_api = nullptr;
+
+// An OrtStatus turned into an exception, so API failures unwind like kernel errors.
+struct OrtFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void check(OrtStatus* s) {
+  if (!s) return;
+  std::string msg = g_api->GetErrorMessage(s);
+  g_api->ReleaseStatus(s);
+  throw OrtFailure(msg);
+}
+
+ONNXTensorElementDataType to_onnx(DType t) {
+  switch (t) {
+    case DType::Float32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    case DType::Float64: return ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE;
+    case DType::Int32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    case DType::Int64: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    case DType::Bool: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
+    case DType::UInt8: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+  }
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+}
+
+DType from_onnx(ONNXTensorElementDataType t, const std::string& input) {
+  for (DType d : kAllDTypes)
+    if (to_onnx(d) == t) return d;
+  throw Error(detail::concat("input '", input, "' has ONNX element type ", static_cast<int>(t),
+                             ", which opbridge kernels do not take"));
+}
+
+// One registration: an op at one assignment of dtypes to its type constraints.
+struct CustomOp : OrtCustomOp {
+  const OpSpec* spec = nullptr;
+  std::vector<ONNXTensorElementDataType> input_types, output_types;
+};
+
+struct Kernel {
+  const OpSpec* spec;
+  std::vector<AttrValue> attrs;
+  std::string where;  // "<ns>::<op> (node 'name')", the prefix of every error
+};
+
+OrtStatus* fail(OrtErrorCode code, const std::string& msg) { return g_api->CreateStatus(code, msg.c_str()); }
+
+// ---- attributes -----------------------------------------------------------------------------
+// Reads attribute `name` as `kind`; nullopt when the node lacks it. A node attribute of another
+// kind is reported as such (ONNX Runtime's getters only say "failed").
+std::optional<AttrValue> read_as(const OrtKernelInfo* info, const char* name, AttrKind kind) {
+  OrtStatus* s = nullptr;
+  switch (kind) {
+    case AttrKind::Int:
+    case AttrKind::Bool: {
+      int64_t v = 0;
+      if ((s = g_api->KernelInfoGetAttribute_int64(info, name, &v))) break;
+      if (kind == AttrKind::Bool) return AttrValue{v != 0};
+      return AttrValue{v};
+    }
+    case AttrKind::Float: {
+      float v = 0;
+      if ((s = g_api->KernelInfoGetAttribute_float(info, name, &v))) break;
+      return AttrValue{static_cast<double>(v)};
+    }
+    case AttrKind::String: {
+      size_t n = 0;
+      if ((s = g_api->KernelInfoGetAttribute_string(info, name, nullptr, &n))) break;
+      std::string v(n, '\0');
+      check(g_api->KernelInfoGetAttribute_string(info, name, v.data(), &n));
+      v.resize(n ? n - 1 : 0);  // n counts the terminating NUL
+      return AttrValue{std::move(v)};
+    }
+    case AttrKind::Ints: {
+      size_t n = 0;
+      if ((s = g_api->KernelInfoGetAttributeArray_int64(info, name, nullptr, &n))) break;
+      std::vector<int64_t> v(n);
+      if (n) check(g_api->KernelInfoGetAttributeArray_int64(info, name, v.data(), &n));
+      return AttrValue{std::move(v)};
+    }
+    case AttrKind::Floats: {
+      size_t n = 0;
+      if ((s = g_api->KernelInfoGetAttributeArray_float(info, name, nullptr, &n))) break;
+      std::vector<float> v(n);
+      if (n) check(g_api->KernelInfoGetAttributeArray_float(info, name, v.data(), &n));
+      return AttrValue{std::vector<double>(v.begin(), v.end())};
+    }
+  }
+  g_api->ReleaseStatus(s);
+  return std::nullopt;
+}
+
+std::optional<AttrValue> read_attr(const OrtKernelInfo* info, const AttrSpec& a) {
+  if (auto v = read_as(info, a.name.c_str(), a.kind)) return v;
+  for (AttrKind other : {AttrKind::Int, AttrKind::Float, AttrKind::String, AttrKind::Ints, AttrKind::Floats}) {
+    if (other == a.kind || (a.kind == AttrKind::Bool && other == AttrKind::Int)) continue;
+    if (read_as(info, a.name.c_str(), other))
+      throw Error(detail::concat("attribute '", a.name, "' must be ", attr_kind_name(a.kind), ", got ",
+                                 attr_kind_name(other)));
+  }
+  return std::nullopt;
+}
+
+std::string node_name(const OrtKernelInfo* info) {
+  size_t n = 0;
+  if (OrtStatus* s = g_api->KernelInfo_GetNodeName(info, nullptr, &n)) {
+    g_api->ReleaseStatus(s);
+    return "";
+  }
+  std::string name(n, '\0');
+  check(g_api->KernelInfo_GetNodeName(info, name.data(), &n));
+  name.resize(n ? n - 1 : 0);
+  return name;
+}
+
+// ---- compute --------------------------------------------------------------------------------
+class OrtKernelContextAdapter final : public KernelContext {
+ public:
+  OrtKernelContextAdapter(const OrtKernelContext* ort, const OpSpec& op, std::vector<const TensorView*> in,
+                          std::vector<TensorView> out, const std::vector<AttrValue>& attrs)
+      : KernelContext(op, std::move(in), std::move(out), attrs), ort_(ort) {}
+
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) override {
+    if (n <= 0) return;
+    grain = std::max<int64_t>(grain, 1);
+    const int64_t chunks = std::min<int64_t>((n + grain - 1) / grain, 1024);
+    if (chunks == 1) return fn(0, n);
+    Job job{&fn, n, (n + chunks - 1) / chunks, {}, {}};
+    check(g_api->KernelContext_ParallelFor(ort_, &Job::run, static_cast<size_t>(chunks), 0, &job));
+    if (job.error) std::rethrow_exception(job.error);
+  }
+
+ private:
+  // Exceptions must not cross ONNX Runtime's thread pool: keep the first, rethrow on return.
+  struct Job {
+    const std::function<void(int64_t, int64_t)>* fn;
+    int64_t n, chunk;
+    std::mutex mu;
+    std::exception_ptr error;
+    static void run(void* self, size_t i) {
+      auto* j = static_cast<Job*>(self);
+      const int64_t begin = static_cast<int64_t>(i) * j->chunk, end = std::min(j->n, begin + j->chunk);
+      try {
+        if (begin < end) (*j->fn)(begin, end);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(j->mu);
+        if (!j->error) j->error = std::current_exception();
+      }
+    }
+  };
+  const OrtKernelContext* ort_;
+};
+
+void compute(const Kernel& k, OrtKernelContext* ctx) {
+  const OpSpec& op = *k.spec;
+  size_t n_in = 0;
+  check(g_api->KernelContext_GetInputCount(ctx, &n_in));
+  std::vector<TensorView> views(op.inputs.size());
+  std::vector<const TensorView*> inputs(op.inputs.size(), nullptr);
+  for (size_t i = 0; i < op.inputs.size() && i < n_in; ++i) {
+    const OrtValue* v = nullptr;
+    check(g_api->KernelContext_GetInput(ctx, i, &v));
+    if (!v) continue;  // an optional input given as ""
+    OrtTensorTypeAndShapeInfo* info = nullptr;
+    check(g_api->GetTensorTypeAndShape(v, &info));
+    std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> guard(info, g_api->ReleaseTensorTypeAndShapeInfo);
+    ONNXTensorElementDataType et;
+    size_t rank = 0;
+    check(g_api->GetTensorElementType(info, &et));
+    check(g_api->GetDimensionsCount(info, &rank));
+    Shape shape(rank);
+    check(g_api->GetDimensions(info, shape.data(), rank));
+    void* data = nullptr;
+    check(g_api->GetTensorMutableData(const_cast<OrtValue*>(v), &data));
+    views[i] = TensorView{data, from_onnx(et, op.inputs[i].name), shape, contiguous_strides(shape), Device::CPU};
+    inputs[i] = &views[i];
+  }
+  PreparedCall call = prepare_call(op, inputs, k.attrs);
+  std::vector<TensorView> outputs;
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    const Shape& s = call.output_shapes[i];
+    OrtValue* out = nullptr;
+    check(g_api->KernelContext_GetOutput(ctx, i, s.data(), s.size(), &out));
+    void* data = nullptr;
+    check(g_api->GetTensorMutableData(out, &data));
+    outputs.push_back(TensorView{data, call.output_dtypes[i], s, contiguous_strides(s), Device::CPU});
+  }
+  OrtKernelContextAdapter kctx(ctx, op, inputs, std::move(outputs), k.attrs);
+  op.cpu_kernel(kctx);
+}
+
+// Runs f, turning any exception into a failed status that names the op (and node).
+template <typename F>
+OrtStatus* guarded(const std::string& where, F&& f) {
+  try {
+    f();
+    return nullptr;
+  } catch (const Error& e) {
+    return fail(ORT_INVALID_ARGUMENT, where + ": " + e.what());
+  } catch (const std::exception& e) {
+    return fail(ORT_FAIL, where + ": " + e.what());
+  } catch (...) {
+    return fail(ORT_FAIL, where + ": unknown error");
+  }
+}
+
+// ---- the OrtCustomOp table ------------------------------------------------------------------
+const CustomOp& self(const OrtCustomOp* op) { return *static_cast<const CustomOp*>(op); }
+
+OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo* info, void** out) {
+  const OpSpec& spec = *self(op).spec;
+  std::string where = spec.qualified_name();
+  return guarded(where, [&] {
+    std::string node = node_name(info);
+    if (!node.empty()) where += " (node '" + node + "')";
+    auto kernel = std::make_unique<Kernel>(Kernel{&spec, {}, where});
+    std::vector<std::optional<AttrValue>> given;
+    for (const AttrSpec& a : spec.attrs) given.push_back(read_attr(info, a));
+    kernel->attrs = resolve_attrs(spec, std::move(given));
+    *out = kernel.release();
+  });
+}
+
+OrtStatus* ORT_API_CALL compute_kernel(void* kernel, OrtKernelContext* ctx) {
+  const Kernel& k = *static_cast<const Kernel*>(kernel);
+  return guarded(k.where, [&] { compute(k, ctx); });
+}
+
+void fill_table(CustomOp& c) {
+  std::memset(static_cast<OrtCustomOp*>(&c), 0, sizeof(OrtCustomOp));
+  c.version = ORT_API_VERSION;
+  c.GetName = [](const OrtCustomOp* op) { return self(op).spec->export_as.onnx_name.c_str(); };
+  c.GetExecutionProviderType = [](const OrtCustomOp*) -> const char* { return "CPUExecutionProvider"; };
+  c.GetInputTypeCount = [](const OrtCustomOp* op) { return self(op).input_types.size(); };
+  c.GetInputType = [](const OrtCustomOp* op, size_t i) { return self(op).input_types[i]; };
+  c.GetOutputTypeCount = [](const OrtCustomOp* op) { return self(op).output_types.size(); };
+  c.GetOutputType = [](const OrtCustomOp* op, size_t i) { return self(op).output_types[i]; };
+  c.GetInputCharacteristic = [](const OrtCustomOp* op, size_t i) {
+    return self(op).spec->inputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  };
+  c.GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+  c.GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
+  c.GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
+  c.GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
+  c.GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
+  c.GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
+  c.CreateKernelV2 = create_kernel;
+  c.KernelComputeV2 = compute_kernel;
+  c.KernelDestroy = [](void* kernel) { delete static_cast<Kernel*>(kernel); };
+  c.GetStartVersion = [](const OrtCustomOp*) { return 1; };
+  c.GetEndVersion = [](const OrtCustomOp*) { return INT_MAX; };
+}
+
+// Every assignment of allowed dtypes to the constraints the inputs use.
+void expand(const OpSpec& op, size_t t, std::vector<DType>& chosen, std::vector<std::unique_ptr<CustomOp>>& out) {
+  if (t == op.types.size()) {
+    auto c = std::make_unique<CustomOp>();
+    fill_table(*c);
+    c->spec = &op;
+    auto dtype_of = [&](const std::string& type) {
+      for (size_t i = 0; i < op.types.size(); ++i)
+        if (op.types[i].name == type) return to_onnx(chosen[i]);
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    };
+    for (const InputSpec& in : op.inputs) c->input_types.push_back(dtype_of(in.type));
+    for (const OutputSpec& o : op.outputs) c->output_types.push_back(dtype_of(o.type));
+    out.push_back(std::move(c));
+    return;
+  }
+  bool used_by_input = false;
+  for (const InputSpec& in : op.inputs) used_by_input |= in.type == op.types[t].name;
+  // Output-only constraints are single-dtype (validate_spec) or follow an input constraint.
+  const auto& allowed = op.types[t].allowed;
+  for (size_t i = 0; i < (used_by_input ? allowed.size() : 1); ++i) {
+    chosen.push_back(allowed[i]);
+    expand(op, t + 1, chosen, out);
+    chosen.pop_back();
+  }
+}
+
+// The custom ops and the domain live for the whole process: ONNX Runtime keeps pointers to them
+// in every session created with these options.
+struct Domain {
+  std::vector<std::unique_ptr<CustomOp>> ops;
+  OrtCustomOpDomain* domain = nullptr;
+};
+
+Domain& domain() {
+  static Domain d = [] {
+    Domain d;
+    for (const OpSpec& op : registry().ops()) {
+      if (!op.cpu_kernel || op.export_as.kind != ExportSpec::Kind::Custom) continue;
+      std::vector<DType> chosen;
+      expand(op, 0, chosen, d.ops);
+    }
+    check(g_api->CreateCustomOpDomain(this_library().onnx_domain, &d.domain));
+    for (const auto& op : d.ops) check(g_api->CustomOpDomain_Add(d.domain, op.get()));
+    return d;
+  }();
+  return d;
+}
+
+}  // namespace
+}  // namespace opbridge
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  using namespace opbridge;
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (!api) {
+    // The runtime predates our headers. Its oldest API can still carry the message.
+    const OrtApi* old = api_base->GetApi(1);
+    std::string msg = std::string("opbridge library '") + this_library().name + "' was built against ONNX Runtime API " +
+                      std::to_string(ORT_API_VERSION) + " (ONNX Runtime 1." + std::to_string(ORT_API_VERSION) +
+                      ") but is loaded into ONNX Runtime " + api_base->GetVersionString() + "; use 1." +
+                      std::to_string(ORT_API_VERSION) + " or newer";
+    return old ? old->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
+  }
+  static std::once_flag once;
+  std::call_once(once, [&] { g_api = api; });
+  if (!registry().errors().empty())
+    return api->CreateStatus(ORT_FAIL, ("opbridge: invalid op definitions: " + registry().errors().front()).c_str());
+  try {
+    return api->AddCustomOpDomain(options, domain().domain);
+  } catch (const std::exception& e) {
+    return api->CreateStatus(ORT_FAIL, (std::string("opbridge: ") + e.what()).c_str());
+  }
+}

@@ -1,0 +1,248 @@
+// The PyTorch adapter: turns every OpSpec of this library into a torch op, with no per-op code.
+//   schema   generated from the spec, defined in the library's namespace
+//   CPU      one boxed kernel: IValues -> TensorViews -> the op's kernel -> tensors
+//   Meta     the spec's shape rule evaluated on SymInts (so torch.export sees symbolic shapes)
+//   Autograd "not implemented" fallback: forward works, backward raises naming the op
+// Errors from validation or kernels become RuntimeError("<ns>::<op>: <reason>").
+#include <ATen/Parallel.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "opbridge/kernel_context.h"
+#include "opbridge/prepare.h"
+#include "opbridge/registry.h"
+#include "opbridge/shape_infer.h"
+
+namespace opbridge {
+
+template <>
+struct DimTraits<c10::SymInt> {
+  static c10::SymInt from(int64_t v) { return c10::SymInt(v); }
+  static bool eq(const c10::SymInt& a, const c10::SymInt& b) { return a == b; }
+  static bool known_negative(const c10::SymInt& a) { return a.is_heap_allocated() ? false : a.as_int_unchecked() < 0; }
+  static c10::SymInt floordiv(const c10::SymInt& a, const c10::SymInt& b) { return a / b; }
+};
+
+namespace {
+
+// ---- schema ---------------------------------------------------------------------------------
+std::string float_literal(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".";
+  return s;
+}
+
+std::string default_literal(const AttrValue& v) {
+  switch (attr_kind_of(v)) {
+    case AttrKind::Int: return std::to_string(std::get<int64_t>(v));
+    case AttrKind::Float: return float_literal(std::get<double>(v));
+    case AttrKind::Bool: return std::get<bool>(v) ? "True" : "False";
+    case AttrKind::String: return "\"" + std::get<std::string>(v) + "\"";
+    case AttrKind::Ints: {
+      std::string s = "[";
+      for (int64_t x : std::get<std::vector<int64_t>>(v)) s += (s.size() > 1 ? ", " : "") + std::to_string(x);
+      return s + "]";
+    }
+    case AttrKind::Floats: {
+      std::string s = "[";
+      for (double x : std::get<std::vector<double>>(v)) s += (s.size() > 1 ? ", " : "") + float_literal(x);
+      return s + "]";
+    }
+  }
+  return "";
+}
+
+std::string schema_of(const OpSpec& op) {
+  std::string s = op.name + "(";
+  bool first = true;
+  auto arg = [&](const std::string& a) {
+    s += (first ? "" : ", ") + a;
+    first = false;
+  };
+  for (const InputSpec& in : op.inputs) arg(in.optional ? "Tensor? " + in.name + "=None" : "Tensor " + in.name);
+  // Attributes stay positional (as in torch.ops.ns.op(x, y, 0.5)) until a required one follows
+  // a defaulted argument; from there on they are keyword-only, which the schema demands.
+  bool seen_default = !op.inputs.empty() && op.inputs.back().optional, kw_only = false;
+  for (const AttrSpec& a : op.attrs) {
+    if (!kw_only && seen_default && !a.default_value) {
+      arg("*");
+      kw_only = true;
+    }
+    seen_default |= a.default_value.has_value();
+    arg(std::string(attr_kind_name(a.kind)) + " " + a.name + (a.default_value ? "=" + default_literal(*a.default_value) : ""));
+  }
+  s += ") -> ";
+  if (op.outputs.size() == 1) return s + "Tensor";
+  s += "(";
+  for (size_t i = 0; i < op.outputs.size(); ++i) s += (i ? ", Tensor" : "Tensor");
+  return s + ")";
+}
+
+// ---- conversions ----------------------------------------------------------------------------
+DType to_dtype(const OpSpec& op, const std::string& input, c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::Float32;
+    case at::kDouble: return DType::Float64;
+    case at::kInt: return DType::Int32;
+    case at::kLong: return DType::Int64;
+    case at::kBool: return DType::Bool;
+    case at::kByte: return DType::UInt8;
+    default: break;
+  }
+  throw Error(detail::concat("input '", input, "' has dtype ", c10::toString(t), ", which opbridge kernels do not take"));
+}
+
+c10::ScalarType to_scalar_type(DType t) {
+  switch (t) {
+    case DType::Float32: return at::kFloat;
+    case DType::Float64: return at::kDouble;
+    case DType::Int32: return at::kInt;
+    case DType::Int64: return at::kLong;
+    case DType::Bool: return at::kBool;
+    case DType::UInt8: return at::kByte;
+  }
+  return at::kFloat;
+}
+
+AttrValue to_attr(const AttrSpec& a, const c10::IValue& v) {
+  switch (a.kind) {
+    case AttrKind::Int: return v.toInt();
+    // Float attributes are float32 in ONNX; round here so eager and ONNX Runtime agree.
+    case AttrKind::Float: return static_cast<double>(static_cast<float>(v.toDouble()));
+    case AttrKind::Bool: return v.toBool();
+    case AttrKind::String: return v.toStringRef();
+    case AttrKind::Ints: return v.toIntVector();
+    case AttrKind::Floats: {
+      std::vector<double> out;
+      for (double x : v.toDoubleVector()) out.push_back(static_cast<float>(x));
+      return out;
+    }
+  }
+  return int64_t{0};
+}
+
+class TorchKernelContext final : public KernelContext {
+ public:
+  using KernelContext::KernelContext;
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) override {
+    at::parallel_for(0, n, grain, fn);
+  }
+};
+
+// One boxed functor per op and dispatch key; it holds the spec, so no lookup per call.
+class BoxedOp final : public c10::OperatorKernel {
+ public:
+  BoxedOp(const OpSpec& op, bool meta) : op_(op), meta_(meta) {}
+
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const size_t n_in = op_.inputs.size(), n_args = n_in + op_.attrs.size();
+    std::vector<at::Tensor> outputs;
+    try {
+      auto args = torch::jit::last(*stack, n_args);
+      std::vector<std::optional<at::Tensor>> tensors;
+      for (size_t i = 0; i < n_in; ++i)
+        tensors.push_back(args[i].isNone() ? std::nullopt : std::optional<at::Tensor>(args[i].toTensor()));
+      std::vector<AttrValue> attrs;
+      for (size_t i = 0; i < op_.attrs.size(); ++i) attrs.push_back(to_attr(op_.attrs[i], args[n_in + i]));
+      outputs = meta_ ? run_meta(tensors, attrs) : run_cpu(tensors, attrs);
+    } catch (const Error& e) {
+      TORCH_CHECK(false, op_.qualified_name(), ": ", e.what());
+    }
+    torch::jit::drop(*stack, n_args);
+    for (at::Tensor& t : outputs) stack->emplace_back(std::move(t));
+  }
+
+ private:
+  std::vector<at::Tensor> run_cpu(const std::vector<std::optional<at::Tensor>>& tensors, const std::vector<AttrValue>& attrs) {
+    std::vector<at::Tensor> contiguous;  // keeps the data the views point into alive
+    std::vector<TensorView> views(tensors.size());
+    std::vector<const TensorView*> inputs;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!tensors[i]) { inputs.push_back(nullptr); continue; }
+      contiguous.push_back(tensors[i]->contiguous());
+      const at::Tensor& t = contiguous.back();
+      views[i] = TensorView{t.data_ptr(), to_dtype(op_, op_.inputs[i].name, t.scalar_type()), t.sizes().vec(),
+                            t.strides().vec(), Device::CPU};
+      inputs.push_back(&views[i]);
+    }
+    PreparedCall call = prepare_call(op_, inputs, attrs);
+    std::vector<at::Tensor> outputs;
+    std::vector<TensorView> out_views;
+    for (size_t i = 0; i < op_.outputs.size(); ++i) {
+      outputs.push_back(at::empty(call.output_shapes[i], at::TensorOptions().dtype(to_scalar_type(call.output_dtypes[i]))));
+      out_views.push_back(TensorView{outputs.back().data_ptr(), call.output_dtypes[i], call.output_shapes[i],
+                                     contiguous_strides(call.output_shapes[i]), Device::CPU});
+    }
+    TorchKernelContext ctx(op_, inputs, std::move(out_views), attrs);
+    op_.cpu_kernel(ctx);
+    return outputs;
+  }
+
+  std::vector<at::Tensor> run_meta(const std::vector<std::optional<at::Tensor>>& tensors, const std::vector<AttrValue>& attrs) {
+    std::vector<std::optional<DType>> dtypes;
+    std::vector<std::vector<c10::SymInt>> sizes(tensors.size());
+    std::vector<const std::vector<c10::SymInt>*> shapes;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!tensors[i]) {
+        dtypes.push_back(std::nullopt);
+        shapes.push_back(nullptr);
+        continue;
+      }
+      dtypes.push_back(to_dtype(op_, op_.inputs[i].name, tensors[i]->scalar_type()));
+      sizes[i] = tensors[i]->sym_sizes().vec();
+      shapes.push_back(&sizes[i]);
+    }
+    std::vector<DType> out_dtypes = output_dtypes(op_, resolve_types(op_, dtypes));
+    auto out_shapes = ShapeInference<c10::SymInt>(op_, shapes, attrs).run();
+    std::vector<at::Tensor> outputs;
+    for (size_t i = 0; i < out_shapes.size(); ++i)
+      outputs.push_back(at::empty_symint(out_shapes[i], at::TensorOptions().dtype(to_scalar_type(out_dtypes[i])).device(at::kMeta)));
+    return outputs;
+  }
+
+  const OpSpec& op_;
+  bool meta_;
+};
+
+// Defines every op of the registry. Runs at load time, after the op registrations (which have
+// a higher init priority, see OPBRIDGE_OP).
+struct TorchLibrary {
+  TorchLibrary() {
+    const LibraryInfo& info = this_library();
+    lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, info.torch_namespace, std::nullopt, __FILE__, __LINE__);
+    for (const OpSpec& op : registry().ops()) {
+      if (!op.defines_torch_op()) continue;
+      // An exception here would abort the process that loads the library: record it instead;
+      // the Python loader reports it.
+      try {
+        lib->def(schema_of(op).c_str());
+        lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::CPU, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedOp>(op, false))));
+        lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::Meta, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedOp>(op, true))));
+        lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::Autograd, torch::autograd::autogradNotImplementedFallback()));
+      } catch (const c10::Error& e) {
+        registry().add_error("op '" + op.name + "': PyTorch rejected schema '" + schema_of(op) +
+                             "': " + e.what_without_backtrace());
+      }
+    }
+  }
+  std::unique_ptr<torch::Library> lib;
+};
+
+const TorchLibrary torch_library;
+
+}  // namespace
+}  // namespace opbridge
+
+// The manifest, for the Python glue (read with ctypes from the loaded library).
+extern "C" __attribute__((visibility("default"))) const char* opbridge_manifest_json() {
+  static const std::string json = opbridge::manifest_json();
+  return json.c_str();
+}

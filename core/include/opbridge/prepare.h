@@ -1,0 +1,32 @@
+// The generic front half of every kernel call, shared by all adapters: check dtypes and
+// attributes against the spec, then derive each output's dtype and shape from the spec's rules.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "opbridge/op_spec.h"
+#include "opbridge/tensor_view.h"
+
+namespace opbridge {
+
+// Picks one dtype per type constraint from the present inputs; throws on a dtype outside the
+// constraint or on two inputs of one constraint that disagree. Returns one dtype per
+// constraint (a constraint no present input names keeps its first allowed dtype).
+std::vector<DType> resolve_types(const OpSpec& op, const std::vector<std::optional<DType>>& input_dtypes);
+std::vector<DType> output_dtypes(const OpSpec& op, const std::vector<DType>& resolved);
+
+// Fills defaults, rejects missing required attributes and wrong kinds. `given[i]` is the value
+// the caller found for op.attrs[i], if any.
+std::vector<AttrValue> resolve_attrs(const OpSpec& op, std::vector<std::optional<AttrValue>> given);
+
+struct PreparedCall {
+  std::vector<DType> output_dtypes;
+  std::vector<Shape> output_shapes;
+};
+
+// inputs[i] is nullptr for an absent optional input. Throws Error (without the op's name).
+PreparedCall prepare_call(const OpSpec& op, const std::vector<const TensorView*>& inputs,
+                          const std::vector<AttrValue>& attrs);
+
+}  // namespace opbridge

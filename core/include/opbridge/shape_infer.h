@@ -1,0 +1,159 @@
+// Generic validation and shape inference from an OpSpec. Templated on the dimension type so the
+// same rules run on int64_t (kernels, ONNX Runtime) and on c10::SymInt (PyTorch's Meta kernel
+// under torch.export); the torch adapter supplies DimTraits<c10::SymInt>.
+// Messages never name the op: each adapter prefixes its own qualified name.
+#pragma once
+
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "opbridge/error.h"
+#include "opbridge/op_spec.h"
+
+namespace opbridge {
+
+template <typename D>
+struct DimTraits {  // int64_t
+  static D from(int64_t v) { return v; }
+  static bool eq(const D& a, const D& b) { return a == b; }
+  static bool known_negative(const D& a) { return a < 0; }
+  static D floordiv(const D& a, const D& b) {
+    OB_CHECK(b != 0, "shape rule divides by zero");
+    D q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+  }
+};
+
+template <typename D>
+std::string dims_str(const std::vector<D>& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+template <typename D>
+class ShapeInference {
+ public:
+  using Dims = std::vector<D>;
+  using T = DimTraits<D>;
+
+  // in[i] is nullptr for an absent optional input.
+  ShapeInference(const OpSpec& op, std::vector<const Dims*> in, const std::vector<AttrValue>& attrs)
+      : op_(op), in_(std::move(in)), attrs_(attrs) {}
+
+  std::vector<Dims> run() const {
+    OB_CHECK(in_.size() == op_.inputs.size(), "expected ", op_.inputs.size(), " inputs, got ", in_.size());
+    for (size_t i = 0; i < in_.size(); ++i) {
+      const InputSpec& s = op_.inputs[i];
+      OB_CHECK(in_[i] || s.optional, "required input '", s.name, "' is missing");
+      OB_CHECK(!in_[i] || s.rank < 0 || static_cast<int>(in_[i]->size()) == s.rank, "input '", s.name,
+               "' must have rank ", s.rank, ", got shape ", dims_str(*in_[i]));
+    }
+    for (const DimCheck& c : op_.checks) {
+      D l = eval(c.lhs), r = eval(c.rhs);
+      OB_CHECK(T::eq(l, r), c.what, " (", c.lhs.str(), " = ", l, ", ", c.rhs.str(), " = ", r, ")");
+    }
+    std::vector<Dims> out;
+    for (const OutputSpec& o : op_.outputs) out.push_back(output(o));
+    return out;
+  }
+
+  D eval(const DimExpr& e) const {
+    const DimNode& n = *e.node;
+    using K = DimNode::Kind;
+    switch (n.kind) {
+      case K::Const: return T::from(n.value);
+      case K::Dim: {
+        const Dims* s = first_present(n.inputs);
+        int64_t r = static_cast<int64_t>(s->size()), a = n.value < 0 ? n.value + r : n.value;
+        OB_CHECK(a >= 0 && a < r, "input '", n.inputs.front(), "' has rank ", r, "; shape rule needs axis ", n.value);
+        return (*s)[static_cast<size_t>(a)];
+      }
+      case K::Attr: return T::from(std::get<int64_t>(attrs_.at(op_.attr_index(n.attr))));
+      case K::AttrAt: {
+        const auto& v = std::get<std::vector<int64_t>>(attrs_.at(op_.attr_index(n.attr)));
+        OB_CHECK(n.value < static_cast<int64_t>(v.size()), "attribute '", n.attr, "' needs at least ",
+                 n.value + 1, " values, got ", v.size());
+        return T::from(v[static_cast<size_t>(n.value)]);
+      }
+      case K::Add: return eval(n.lhs) + eval(n.rhs);
+      case K::Sub: return eval(n.lhs) - eval(n.rhs);
+      case K::Mul: return eval(n.lhs) * eval(n.rhs);
+      case K::FloorDiv: return T::floordiv(eval(n.lhs), eval(n.rhs));
+    }
+    throw Error("unknown shape expression");
+  }
+
+ private:
+  const Dims* first_present(const std::vector<std::string>& names) const {
+    for (const std::string& name : names) {
+      const Dims* s = in_.at(static_cast<size_t>(op_.input_index(name)));
+      if (s) return s;
+    }
+    throw Error(detail::concat("shape rule needs input '", names.front(), "', which is absent"));
+  }
+
+  Dims output(const OutputSpec& o) const {
+    using K = ShapeRule::Kind;
+    const ShapeRule& r = o.shape;
+    if (r.kind == K::Dims) {
+      Dims d;
+      for (const DimExpr& e : r.dims) {
+        d.push_back(eval(e));
+        OB_CHECK(!T::known_negative(d.back()), "output '", o.name, "' would have a negative size (", e.str(),
+                 " = ", d.back(), ")");
+      }
+      return d;
+    }
+    // Broadcast / Same over the present named inputs.
+    const Dims* first = nullptr;
+    std::string first_name;
+    Dims acc;
+    for (const std::string& name : r.inputs) {
+      const Dims* s = in_.at(static_cast<size_t>(op_.input_index(name)));
+      if (!s) continue;
+      if (!first) {
+        first = s, first_name = name, acc = *s;
+        continue;
+      }
+      if (r.kind == K::Same) {
+        bool same = s->size() == acc.size();
+        for (size_t i = 0; same && i < acc.size(); ++i) same = T::eq((*s)[i], acc[i]);
+        OB_CHECK(same, "inputs '", first_name, "' ", dims_str(acc), " and '", name, "' ", dims_str(*s),
+                 " must have the same shape");
+      } else {
+        acc = broadcast2(acc, *s, first_name, name);
+      }
+    }
+    OB_CHECK(first, "output '", o.name, "' is shaped by inputs that are all absent");
+    return acc;
+  }
+
+  Dims broadcast2(const Dims& a, const Dims& b, const std::string& an, const std::string& bn) const {
+    size_t r = std::max(a.size(), b.size());
+    Dims out(r, T::from(1));
+    for (size_t i = 0; i < r; ++i) {
+      // Align from the right, as numpy does.
+      std::optional<D> da, db;
+      if (i + a.size() >= r) da = a[i + a.size() - r];
+      if (i + b.size() >= r) db = b[i + b.size() - r];
+      if (!da) { out[i] = *db; continue; }
+      if (!db) { out[i] = *da; continue; }
+      if (T::eq(*db, T::from(1))) { out[i] = *da; continue; }
+      if (T::eq(*da, T::from(1)) || T::eq(*da, *db)) { out[i] = *db; continue; }
+      throw Error(detail::concat("inputs '", an, "' ", dims_str(a), " and '", bn, "' ", dims_str(b),
+                                 " cannot be broadcast together"));
+    }
+    return out;
+  }
+
+  const OpSpec& op_;
+  std::vector<const Dims*> in_;
+  const std::vector<AttrValue>& attrs_;
+};
+
+}  // namespace opbridge

@@ -1,0 +1,64 @@
+#include "opbridge/dtype.h"
+
+#include "opbridge/tensor_view.h"
+
+namespace opbridge {
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::Float32: return "float32";
+    case DType::Float64: return "float64";
+    case DType::Int32: return "int32";
+    case DType::Int64: return "int64";
+    case DType::Bool: return "bool";
+    case DType::UInt8: return "uint8";
+  }
+  return "?";
+}
+
+std::string_view dtype_onnx_tensor_type(DType t) {
+  switch (t) {
+    case DType::Float32: return "tensor(float)";
+    case DType::Float64: return "tensor(double)";
+    case DType::Int32: return "tensor(int32)";
+    case DType::Int64: return "tensor(int64)";
+    case DType::Bool: return "tensor(bool)";
+    case DType::UInt8: return "tensor(uint8)";
+  }
+  return "?";
+}
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::Float32: case DType::Int32: return 4;
+    case DType::Float64: case DType::Int64: return 8;
+    case DType::Bool: case DType::UInt8: return 1;
+  }
+  return 0;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+bool TensorView::is_contiguous() const { return strides.empty() || strides == contiguous_strides(shape); }
+
+void TensorView::check_type(DType t) const {
+  OB_CHECK(t == dtype, "kernel reads a ", dtype_name(dtype), " tensor as ", dtype_name(t));
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape s(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * std::max<int64_t>(shape[i], 1);
+  return s;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace opbridge

@@ -1,0 +1,213 @@
+#include "opbridge/op_spec.h"
+
+#include <algorithm>
+#include <set>
+
+#include "opbridge/error.h"
+#include "opbridge/registry.h"
+
+namespace opbridge {
+
+std::string_view attr_kind_name(AttrKind k) {
+  switch (k) {
+    case AttrKind::Int: return "int";
+    case AttrKind::Float: return "float";
+    case AttrKind::Ints: return "int[]";
+    case AttrKind::Floats: return "float[]";
+    case AttrKind::String: return "str";
+    case AttrKind::Bool: return "bool";
+  }
+  return "?";
+}
+
+AttrKind attr_kind_of(const AttrValue& v) {
+  static constexpr AttrKind kinds[] = {AttrKind::Int,    AttrKind::Float,  AttrKind::Ints,
+                                       AttrKind::Floats, AttrKind::String, AttrKind::Bool};
+  return kinds[v.index()];
+}
+
+// ---- DimExpr --------------------------------------------------------------------------------
+namespace {
+DimExpr make(DimNode n) { return DimExpr{std::make_shared<const DimNode>(std::move(n))}; }
+DimExpr binary(DimNode::Kind k, DimExpr a, DimExpr b) {
+  DimNode n{k};
+  n.lhs = std::move(a);
+  n.rhs = std::move(b);
+  return make(std::move(n));
+}
+}  // namespace
+
+DimExpr dim(std::string input, int64_t axis) { return dim_of_first({std::move(input)}, axis); }
+DimExpr dim_of_first(std::vector<std::string> inputs, int64_t axis) {
+  DimNode n{DimNode::Kind::Dim};
+  n.value = axis;
+  n.inputs = std::move(inputs);
+  return make(std::move(n));
+}
+DimExpr attr(std::string name) {
+  DimNode n{DimNode::Kind::Attr};
+  n.attr = std::move(name);
+  return make(std::move(n));
+}
+DimExpr attr_at(std::string name, int64_t index) {
+  DimNode n{DimNode::Kind::AttrAt};
+  n.attr = std::move(name);
+  n.value = index;
+  return make(std::move(n));
+}
+DimExpr constant(int64_t v) {
+  DimNode n{DimNode::Kind::Const};
+  n.value = v;
+  return make(std::move(n));
+}
+DimExpr operator+(DimExpr a, DimExpr b) { return binary(DimNode::Kind::Add, std::move(a), std::move(b)); }
+DimExpr operator-(DimExpr a, DimExpr b) { return binary(DimNode::Kind::Sub, std::move(a), std::move(b)); }
+DimExpr operator*(DimExpr a, DimExpr b) { return binary(DimNode::Kind::Mul, std::move(a), std::move(b)); }
+DimExpr operator/(DimExpr a, DimExpr b) { return binary(DimNode::Kind::FloorDiv, std::move(a), std::move(b)); }
+
+std::string DimExpr::str() const {
+  const DimNode& n = *node;
+  using K = DimNode::Kind;
+  switch (n.kind) {
+    case K::Const: return std::to_string(n.value);
+    case K::Dim: {
+      std::string s = n.inputs.front();
+      for (size_t i = 1; i < n.inputs.size(); ++i) s += " or " + n.inputs[i];
+      return (n.inputs.size() > 1 ? "(" + s + ")" : s) + ".shape[" + std::to_string(n.value) + "]";
+    }
+    case K::Attr: return n.attr;
+    case K::AttrAt: return n.attr + "[" + std::to_string(n.value) + "]";
+    case K::Add: return "(" + n.lhs.str() + " + " + n.rhs.str() + ")";
+    case K::Sub: return "(" + n.lhs.str() + " - " + n.rhs.str() + ")";
+    case K::Mul: return n.lhs.str() + " * " + n.rhs.str();
+    case K::FloorDiv: return n.lhs.str() + " // " + n.rhs.str();
+  }
+  return "?";
+}
+
+std::string ShapeRule::str() const {
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+    return s;
+  };
+  switch (kind) {
+    case Kind::Broadcast: return "broadcast(" + join(inputs) + ")";
+    case Kind::Same: return "same(" + join(inputs) + ")";
+    case Kind::Dims: {
+      std::vector<std::string> d;
+      for (const DimExpr& e : dims) d.push_back(e.str());
+      return "[" + join(d) + "]";
+    }
+  }
+  return "?";
+}
+
+namespace shape {
+ShapeRule broadcast(std::vector<std::string> inputs) { return {ShapeRule::Kind::Broadcast, std::move(inputs), {}}; }
+ShapeRule same(std::vector<std::string> inputs) { return {ShapeRule::Kind::Same, std::move(inputs), {}}; }
+ShapeRule dims(std::vector<DimExpr> dims) { return {ShapeRule::Kind::Dims, {}, std::move(dims)}; }
+}  // namespace shape
+
+// ---- OpSpec ---------------------------------------------------------------------------------
+const TypeConstraint& OpSpec::type(const std::string& n) const {
+  for (const TypeConstraint& t : types)
+    if (t.name == n) return t;
+  throw Error(detail::concat("op '", name, "' has no type constraint '", n, "'"));
+}
+
+int OpSpec::input_index(std::string_view n) const {
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].name == n) return static_cast<int>(i);
+  return -1;
+}
+
+int OpSpec::attr_index(std::string_view n) const {
+  for (size_t i = 0; i < attrs.size(); ++i)
+    if (attrs[i].name == n) return static_cast<int>(i);
+  return -1;
+}
+
+std::string OpSpec::qualified_name() const {
+  return torch_op.empty() ? std::string(this_library().torch_namespace) + "::" + name : torch_op;
+}
+
+std::string camel_case(std::string_view snake) {
+  std::string out;
+  bool up = true;
+  for (char c : snake) {
+    if (c == '_') { up = true; continue; }
+    out += up ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+    up = false;
+  }
+  return out;
+}
+
+// ---- validation -----------------------------------------------------------------------------
+namespace {
+void check_expr(const OpSpec& op, const DimExpr& e) {
+  const DimNode& n = *e.node;
+  using K = DimNode::Kind;
+  switch (n.kind) {
+    case K::Dim:
+      for (const std::string& in : n.inputs) OB_CHECK(op.input_index(in) >= 0, "shape rule names unknown input '", in, "'");
+      OB_CHECK(!op.inputs[op.input_index(n.inputs.back())].optional, "shape rule ", e.str(),
+               " must end with a required input");
+      break;
+    case K::Attr:
+    case K::AttrAt: {
+      int a = op.attr_index(n.attr);
+      OB_CHECK(a >= 0, "shape rule names unknown attribute '", n.attr, "'");
+      OB_CHECK(op.attrs[a].kind == (n.kind == K::Attr ? AttrKind::Int : AttrKind::Ints), "shape rule uses attribute '",
+               n.attr, "' of kind ", attr_kind_name(op.attrs[a].kind));
+      break;
+    }
+    case K::Add: case K::Sub: case K::Mul: case K::FloorDiv:
+      check_expr(op, n.lhs);
+      check_expr(op, n.rhs);
+      break;
+    case K::Const: break;
+  }
+}
+}  // namespace
+
+void validate_spec(const OpSpec& op) {
+  OB_CHECK(!op.name.empty(), "op without a name");
+  OB_CHECK(!op.doc.empty(), "op '", op.name, "' has no doc");
+  std::set<std::string> names;
+  for (const TypeConstraint& t : op.types) {
+    OB_CHECK(names.insert(t.name).second, "duplicate type constraint '", t.name, "'");
+    OB_CHECK(!t.allowed.empty(), "type constraint '", t.name, "' allows no dtype");
+  }
+  names.clear();
+  bool seen_optional = false;
+  std::set<std::string> bound_types;
+  for (const InputSpec& in : op.inputs) {
+    OB_CHECK(names.insert(in.name).second, "duplicate input '", in.name, "'");
+    op.type(in.type);
+    OB_CHECK(in.optional || !seen_optional, "required input '", in.name, "' follows an optional one");
+    seen_optional |= in.optional;
+    if (!in.optional) bound_types.insert(in.type);
+  }
+  for (const AttrSpec& a : op.attrs) {
+    OB_CHECK(names.insert(a.name).second, "attribute '", a.name, "' reuses a name");
+    OB_CHECK(!a.default_value || attr_kind_of(*a.default_value) == a.kind, "attribute '", a.name,
+             "' has a default of the wrong kind");
+  }
+  OB_CHECK(!op.outputs.empty(), "op '", op.name, "' has no outputs");
+  for (const OutputSpec& o : op.outputs) {
+    OB_CHECK(names.insert(o.name).second, "output '", o.name, "' reuses a name");
+    // An output's dtype must follow from the required inputs, or be fixed.
+    OB_CHECK(op.type(o.type).allowed.size() == 1 || bound_types.count(o.type), "output '", o.name,
+             "' has type '", o.type, "', which no required input determines");
+    for (const std::string& in : o.shape.inputs) OB_CHECK(op.input_index(in) >= 0, "shape rule names unknown input '", in, "'");
+    for (const DimExpr& e : o.shape.dims) check_expr(op, e);
+  }
+  for (const DimCheck& c : op.checks) {
+    check_expr(op, c.lhs);
+    check_expr(op, c.rhs);
+  }
+  if (op.torch_op.empty()) OB_CHECK(op.cpu_kernel, "op '", op.name, "' has no CPU kernel");
+}
+
+}  // namespace opbridge

@@ -1,0 +1,79 @@
+#include "opbridge/prepare.h"
+
+#include <algorithm>
+
+#include "opbridge/shape_infer.h"
+
+namespace opbridge {
+
+namespace {
+std::string dtype_list(const TypeConstraint& t) {
+  std::string s;
+  for (size_t i = 0; i < t.allowed.size(); ++i)
+    s += std::string(i == 0 ? "" : (i + 1 == t.allowed.size() ? " or " : ", ")) + std::string(dtype_name(t.allowed[i]));
+  return s;
+}
+}  // namespace
+
+std::vector<DType> resolve_types(const OpSpec& op, const std::vector<std::optional<DType>>& input_dtypes) {
+  OB_CHECK(input_dtypes.size() == op.inputs.size(), "expected ", op.inputs.size(), " inputs, got ",
+           input_dtypes.size());
+  std::vector<DType> resolved;
+  for (const TypeConstraint& t : op.types) {
+    std::optional<DType> chosen;
+    std::string chosen_by;
+    for (size_t i = 0; i < op.inputs.size(); ++i) {
+      const InputSpec& in = op.inputs[i];
+      if (in.type != t.name || !input_dtypes[i]) continue;
+      DType d = *input_dtypes[i];
+      bool allowed = std::find(t.allowed.begin(), t.allowed.end(), d) != t.allowed.end();
+      OB_CHECK(allowed, "input '", in.name, "' has dtype ", dtype_name(d), "; expected ", dtype_list(t));
+      OB_CHECK(!chosen || *chosen == d, "inputs '", chosen_by, "' (", dtype_name(*chosen), ") and '", in.name, "' (",
+               dtype_name(d), ") must have the same dtype");
+      chosen = d, chosen_by = in.name;
+    }
+    resolved.push_back(chosen.value_or(t.allowed.front()));
+  }
+  return resolved;
+}
+
+std::vector<DType> output_dtypes(const OpSpec& op, const std::vector<DType>& resolved) {
+  std::vector<DType> out;
+  for (const OutputSpec& o : op.outputs)
+    for (size_t t = 0; t < op.types.size(); ++t)
+      if (op.types[t].name == o.type) out.push_back(resolved[t]);
+  return out;
+}
+
+std::vector<AttrValue> resolve_attrs(const OpSpec& op, std::vector<std::optional<AttrValue>> given) {
+  OB_CHECK(given.size() == op.attrs.size(), "expected ", op.attrs.size(), " attributes, got ", given.size());
+  std::vector<AttrValue> out;
+  for (size_t i = 0; i < op.attrs.size(); ++i) {
+    const AttrSpec& a = op.attrs[i];
+    if (!given[i]) {
+      OB_CHECK(a.default_value, "required attribute '", a.name, "' (", attr_kind_name(a.kind), ") is missing");
+      out.push_back(*a.default_value);
+      continue;
+    }
+    AttrKind k = attr_kind_of(*given[i]);
+    OB_CHECK(k == a.kind, "attribute '", a.name, "' must be ", attr_kind_name(a.kind), ", got ", attr_kind_name(k));
+    out.push_back(std::move(*given[i]));
+  }
+  return out;
+}
+
+PreparedCall prepare_call(const OpSpec& op, const std::vector<const TensorView*>& inputs,
+                          const std::vector<AttrValue>& attrs) {
+  std::vector<std::optional<DType>> dtypes;
+  std::vector<const Shape*> shapes;
+  for (const TensorView* t : inputs) {
+    dtypes.push_back(t ? std::optional<DType>(t->dtype) : std::nullopt);
+    shapes.push_back(t ? &t->shape : nullptr);
+  }
+  PreparedCall call;
+  call.output_dtypes = output_dtypes(op, resolve_types(op, dtypes));
+  call.output_shapes = ShapeInference<int64_t>(op, shapes, attrs).run();
+  return call;
+}
+
+}  // namespace opbridge

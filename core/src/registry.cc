@@ -1,0 +1,156 @@
+#include "opbridge/registry.h"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "opbridge/error.h"
+
+namespace opbridge {
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+void Registry::add(OpSpec spec) {
+  if (spec.export_as.onnx_name.empty()) spec.export_as.onnx_name = camel_case(spec.name);
+  try {
+    validate_spec(spec);
+    OB_CHECK(!find(spec.name), "op '", spec.name, "' is registered twice");
+  } catch (const Error& e) {
+    errors_.push_back("op '" + spec.name + "': " + e.what());
+    std::fprintf(stderr, "opbridge: op '%s' left out: %s\n", spec.name.c_str(), e.what());
+    return;
+  }
+  ops_.push_back(std::move(spec));
+}
+
+const OpSpec* Registry::find(std::string_view name) const {
+  for (const OpSpec& op : ops_)
+    if (op.name == name) return &op;
+  return nullptr;
+}
+
+// ---- manifest -------------------------------------------------------------------------------
+namespace {
+class Json {
+ public:
+  std::string str() const { return os_.str(); }
+  Json& raw(std::string_view s) { os_ << s; return *this; }
+  Json& str(std::string_view s) {
+    os_ << '"';
+    for (char c : s) {
+      switch (c) {
+        case '"': os_ << "\\\""; break;
+        case '\\': os_ << "\\\\"; break;
+        case '\n': os_ << "\\n"; break;
+        case '\t': os_ << "\\t"; break;
+        default:
+          if (static_cast<unsigned char>(c) < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\u%04x", c);
+            os_ << buf;
+          } else {
+            os_ << c;
+          }
+      }
+    }
+    os_ << '"';
+    return *this;
+  }
+  Json& num(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    os_ << buf;
+    return *this;
+  }
+  Json& num(int64_t v) { os_ << v; return *this; }
+  Json& key(std::string_view k) { return str(k).raw(":"); }
+
+ private:
+  std::ostringstream os_;
+};
+
+template <typename T, typename F>
+void array(Json& j, const std::vector<T>& v, F&& each) {
+  j.raw("[");
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) j.raw(",");
+    each(v[i]);
+  }
+  j.raw("]");
+}
+
+void value(Json& j, const AttrValue& v) {
+  switch (attr_kind_of(v)) {
+    case AttrKind::Int: j.num(std::get<int64_t>(v)); break;
+    case AttrKind::Float: j.num(std::get<double>(v)); break;
+    case AttrKind::Ints: array(j, std::get<std::vector<int64_t>>(v), [&](int64_t x) { j.num(x); }); break;
+    case AttrKind::Floats: array(j, std::get<std::vector<double>>(v), [&](double x) { j.num(x); }); break;
+    case AttrKind::String: j.str(std::get<std::string>(v)); break;
+    case AttrKind::Bool: j.raw(std::get<bool>(v) ? "true" : "false"); break;
+  }
+}
+}  // namespace
+
+std::string manifest_json() {
+  const LibraryInfo& lib = this_library();
+  Json j;
+  j.raw("{").key("library").str(lib.name);
+  j.raw(",").key("torch_namespace").str(lib.torch_namespace);
+  j.raw(",").key("onnx_domain").str(lib.onnx_domain);
+  j.raw(",").key("onnx_domain_version").num(int64_t{lib.onnx_domain_version});
+  j.raw(",").key("errors");
+  array(j, registry().errors(), [&](const std::string& e) { j.str(e); });
+  j.raw(",").key("ops");
+  array(j, registry().ops(), [&](const OpSpec& op) {
+    j.raw("{").key("name").str(op.name);
+    j.raw(",").key("torch_op").str(op.qualified_name());
+    j.raw(",").key("defines_torch_op").raw(op.defines_torch_op() ? "true" : "false");
+    j.raw(",").key("doc").str(op.doc);
+    j.raw(",").key("has_cpu_kernel").raw(op.cpu_kernel ? "true" : "false");
+    const ExportSpec& ex = op.export_as;
+    bool custom = ex.kind == ExportSpec::Kind::Custom;
+    j.raw(",").key("export").raw("{").key("kind").str(custom ? "custom" : "standard");
+    j.raw(",").key("domain").str(custom ? lib.onnx_domain : "");
+    j.raw(",").key("op_type").str(ex.onnx_name);
+    j.raw(",").key("since_version").num(int64_t{custom ? lib.onnx_domain_version : ex.since_version});
+    j.raw("}");
+    j.raw(",").key("types");
+    array(j, op.types, [&](const TypeConstraint& t) {
+      j.raw("{").key("name").str(t.name).raw(",").key("dtypes");
+      array(j, t.allowed, [&](DType d) { j.str(dtype_name(d)); });
+      j.raw(",").key("onnx");
+      array(j, t.allowed, [&](DType d) { j.str(dtype_onnx_tensor_type(d)); });
+      j.raw("}");
+    });
+    j.raw(",").key("inputs");
+    array(j, op.inputs, [&](const InputSpec& in) {
+      j.raw("{").key("name").str(in.name).raw(",").key("type").str(in.type);
+      j.raw(",").key("optional").raw(in.optional ? "true" : "false");
+      j.raw(",").key("rank").num(int64_t{in.rank}).raw(",").key("doc").str(in.doc).raw("}");
+    });
+    j.raw(",").key("attributes");
+    array(j, op.attrs, [&](const AttrSpec& a) {
+      j.raw("{").key("name").str(a.name).raw(",").key("kind").str(attr_kind_name(a.kind));
+      if (a.default_value) {
+        j.raw(",").key("default");
+        value(j, *a.default_value);
+      }
+      j.raw(",").key("doc").str(a.doc).raw("}");
+    });
+    j.raw(",").key("outputs");
+    array(j, op.outputs, [&](const OutputSpec& o) {
+      j.raw("{").key("name").str(o.name).raw(",").key("type").str(o.type);
+      j.raw(",").key("shape").str(o.shape.str()).raw(",").key("doc").str(o.doc).raw("}");
+    });
+    j.raw(",").key("checks");
+    array(j, op.checks, [&](const DimCheck& c) { j.str(c.lhs.str() + " == " + c.rhs.str() + ": " + c.what); });
+    j.raw("}");
+  });
+  j.raw("}");
+  return j.str();
+}
+
+}  // namespace opbridge

@@ -1,0 +1,52 @@
+"""asinh: PyTorch's aten::asinh exported to ai.onnx Asinh by both exporters (the TorchScript
+exporter of torch 2.13 has no mapping of its own for it)."""
+
+import numpy as np
+import pytest
+import torch
+
+import opbridge
+from opbridge.testing import OpCase, Sample, op_test_suite, random_tensor as r
+
+
+def resize(sample: Sample, n: int) -> Sample:
+    return Sample((r([n, 4], seed=n),))
+
+
+TestAsinh = op_test_suite(
+    OpCase(
+        "asinh",
+        reference=np.arcsinh,
+        samples=[
+            Sample((r([3, 4], low=-50, high=50),), name="float32", dynamic={0: [0]}),
+            Sample((r([6], "float64"),), name="float64", no_onnxruntime="ONNX Runtime's Asinh kernel is float32 only"),
+            Sample((r([0, 2]),), name="empty"),
+        ],
+        resize=resize,
+    )
+)
+
+
+class AsinhModel(torch.nn.Module):
+    def forward(self, x):
+        return torch.asinh(x)
+
+
+def test_torchscript_export_needs_the_mapping():
+    # Without opbridge's rule the TorchScript exporter cannot export aten::asinh at all.
+    torch.onnx.unregister_custom_op_symbolic("aten::asinh", 9)
+    try:
+        # torch reports it as UnsupportedOperatorError, or (once a rule was unregistered) trips
+        # over its own empty registry with a ValueError.
+        with pytest.raises((torch.onnx.errors.UnsupportedOperatorError, ValueError)):
+            opbridge.export(AsinhModel(), (torch.ones(2),), exporter="torchscript", opset=9)
+    finally:
+        opbridge._exporters.register_torchscript_symbolics(opbridge.builtin)
+    m = opbridge.export(AsinhModel(), (torch.ones(2),), exporter="torchscript", opset=9)
+    assert [(n.domain, n.op_type) for n in m.graph.node] == [("", "Asinh")]
+
+
+def test_dynamo_translation_is_opbridges():
+    assert torch.ops.aten.asinh.default in opbridge.translation_table()
+    m = opbridge.export(AsinhModel(), (torch.ones(2),))
+    assert [(n.domain, n.op_type) for n in m.graph.node] == [("", "Asinh")]

@@ -1,0 +1,25 @@
+// foo's kernel against a naive loop, and its same-shape rule.
+#include "kernel_harness.h"
+
+namespace opbridge::testing {
+namespace {
+
+TEST(FooKernel, AddsElementwise) {
+  Tensor x = Tensor::random<float>({9, 11}, 5), y = Tensor::random<float>({9, 11}, 6);
+  auto z = run("foo", {x, y})[0].values<float>();
+  auto vx = x.values<float>(), vy = y.values<float>();
+  for (size_t i = 0; i < z.size(); ++i) EXPECT_EQ(z[i], vx[i] + vy[i]);
+}
+
+TEST(FooKernel, RejectsDifferentShapes) {
+  Tensor x = Tensor::random<float>({2, 3}, 5), y = Tensor::random<float>({3}, 6);
+  try {
+    run("foo", {x, y});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must have the same shape"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace opbridge::testing

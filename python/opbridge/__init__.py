@@ -1,0 +1,45 @@
+"""opbridge: write a custom operator once in C++, get the PyTorch op, ONNX export with both
+PyTorch exporters, ONNX schemas, and an ONNX Runtime kernel — and verify they agree.
+
+    import opbridge, torch
+    y = torch.ops.opbridge.my_add(a, b)
+    onnx_model = opbridge.export(model, (a, b), "model.onnx")             # dynamo=True
+    onnx_model = opbridge.export(model, (a, b), exporter="torchscript")   # dynamo=False
+    print(opbridge.verify(model, (a, b), onnx_model))                     # ORT vs eager
+"""
+
+from ._api import EXPORTERS, OutputDiff, VerifyReport, export, session, session_options, verify
+from ._exporters import custom_opsets, torchscript_exporter_available, translation_table
+from ._library import (
+    Library,
+    OpbridgeError,
+    OpInfo,
+    all_ops,
+    cmake_prefix_path,
+    libraries,
+    load_builtin,
+    load_library,
+)
+
+builtin = load_builtin()
+
+__all__ = [
+    "EXPORTERS",
+    "Library",
+    "OpInfo",
+    "OpbridgeError",
+    "OutputDiff",
+    "VerifyReport",
+    "all_ops",
+    "builtin",
+    "cmake_prefix_path",
+    "custom_opsets",
+    "export",
+    "libraries",
+    "load_library",
+    "session",
+    "session_options",
+    "torchscript_exporter_available",
+    "translation_table",
+    "verify",
+]

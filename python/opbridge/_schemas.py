@@ -1,0 +1,68 @@
+"""ONNX op schemas for a library's custom ops, generated from its manifest, so that
+onnx.checker (full_check) and onnxscript know every custom node. Registered without Python
+shape-inference callbacks, which have crashed upstream."""
+
+from __future__ import annotations
+
+from onnx import AttributeProto, defs, helper
+
+from ._library import Library, OpInfo
+
+_ATTR_TYPES = {
+    "int": defs.OpSchema.AttrType.INT,
+    "bool": defs.OpSchema.AttrType.INT,
+    "float": defs.OpSchema.AttrType.FLOAT,
+    "str": defs.OpSchema.AttrType.STRING,
+    "int[]": defs.OpSchema.AttrType.INTS,
+    "float[]": defs.OpSchema.AttrType.FLOATS,
+}
+
+
+def onnx_attribute_value(kind: str, value):
+    """A manifest/Python attribute value as ONNX stores it (bools are ints)."""
+    if kind == "bool":
+        return int(bool(value))
+    if kind == "float":
+        return float(value)
+    if kind == "float[]":
+        return [float(v) for v in value]
+    return value
+
+
+def _attribute(a: dict) -> defs.OpSchema.Attribute:
+    if "default" in a:
+        proto = helper.make_attribute(a["name"], onnx_attribute_value(a["kind"], a["default"]))
+        if a["kind"] == "int[]" and not a["default"]:
+            proto.type = AttributeProto.INTS  # make_attribute cannot type an empty list
+        return defs.OpSchema.Attribute(a["name"], proto, a["doc"])
+    return defs.OpSchema.Attribute(a["name"], _ATTR_TYPES[a["kind"]], a["doc"], required=True)
+
+
+def schema_for(op: OpInfo) -> defs.OpSchema:
+    P = defs.OpSchema.FormalParameter
+    opt = defs.OpSchema.FormalParameterOption
+    inputs = [
+        P(i["name"], i["type"], i["doc"], param_option=opt.Optional if i["optional"] else opt.Single)
+        for i in op.inputs
+    ]
+    outputs = [P(o["name"], o["type"], o["doc"]) for o in op.outputs]
+    constraints = [(name, types, "") for name, types in op.onnx_types.items()]
+    return defs.OpSchema(
+        op.onnx_type,
+        op.onnx_domain,
+        op.since_version,
+        op.doc,
+        inputs=inputs,
+        outputs=outputs,
+        type_constraints=constraints,
+        attributes=[_attribute(a) for a in op.attributes],
+    )
+
+
+def register(lib: Library) -> None:
+    for op in lib.ops:
+        if op.export_kind != "custom":
+            continue
+        if defs.has(op.onnx_type, op.since_version, op.onnx_domain):
+            continue  # registered by an earlier load in this process
+        defs.register_schema(schema_for(op))

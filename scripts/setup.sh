@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Sets up everything opbridge needs on a fresh Debian machine, then builds it:
+#   Debian build packages -> .venv (pinned Python deps) -> ONNX Runtime SDK -> CMake build
+#   -> the op libraries and CMake package installed into the Python package -> editable install.
+# Running it again is fast and changes nothing when nothing changed.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+say() { echo "[opbridge] $*"; }
+
+# 1. Debian packages (only when one is missing).
+apt_pkgs=(cmake ninja-build g++ libgtest-dev libgmock-dev openssl npm python3-venv)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# npm may come from another installation (e.g. a Node.js build already on PATH).
+if command -v npm >/dev/null; then missing=("${missing[@]/npm}"); fi
+if command -v python3 >/dev/null && python3 -m venv --help >/dev/null 2>&1; then missing=("${missing[@]/python3-venv}"); fi
+read -r -a missing <<<"${missing[*]:-}"
+if [ "${#missing[@]}" -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd=sudo
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# 2. Python virtual environment with the pinned dependencies.
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv"
+  python3 -m venv .venv
+fi
+req_stamp=.venv/.opbridge-requirements
+if ! cmp -s requirements.txt "$req_stamp"; then
+  say "installing Python dependencies (requirements.txt)"
+  .venv/bin/python -m pip install -q -r requirements.txt
+  cp requirements.txt "$req_stamp"
+fi
+py=.venv/bin/python
+
+# 3. ONNX Runtime C/C++ SDK (skipped when ONNXRUNTIME_ROOT points at an official release).
+ort_root=${ONNXRUNTIME_ROOT:-$root/third_party/onnxruntime}
+if [ -z "${ONNXRUNTIME_ROOT:-}" ]; then
+  scripts/fetch_ort_sdk.sh "$ort_root"
+fi
+
+# 4. Configure, build and install the C++ side. The install tree lands inside the Python
+#    package (python/opbridge/_sdk): op libraries, headers and the CMake package for users.
+torch_prefix=$($py -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+jobs=${OPBRIDGE_JOBS:-$(nproc)}
+if [ ! -f build/CMakeCache.txt ]; then
+  say "configuring (build/)"
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" \
+    -DONNXRUNTIME_ROOT="$ort_root" \
+    -DPython3_EXECUTABLE="$root/$py" \
+    -DCMAKE_INSTALL_PREFIX="$root/python/opbridge/_sdk" >/dev/null
+fi
+say "building (build/, $jobs jobs)"
+start=$(date +%s)
+cmake --build build -j "$jobs"
+cmake --install build >/dev/null
+say "build done in $(( $(date +%s) - start ))s"
+
+# 5. The Python package, editable, against the venv's torch (no isolated build: it would
+#    download another torch).
+if ! $py -c 'import opbridge' >/dev/null 2>&1; then
+  say "installing the opbridge Python package (editable)"
+  $py -m pip install -q --no-build-isolation --no-deps -e python
+fi
+say "ready: . .venv/bin/activate"

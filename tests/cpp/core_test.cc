@@ -1,0 +1,107 @@
+// Tests of the core: spec validation, shape inference, dtype and attribute resolution, the
+// manifest. Op kernels are tested next to their definitions (ops/<op>/<op>_test.cc).
+#include <gtest/gtest.h>
+
+#include "kernel_harness.h"
+#include "opbridge/op.h"
+#include "opbridge/shape_infer.h"
+
+namespace opbridge {
+namespace {
+
+void noop_kernel(KernelContext&) {}
+
+OpSpec spec_of(OpBuilder b) { return std::move(b).build(); }
+
+OpSpec conv_like() {
+  return spec_of(OpBuilder("conv_like")
+                     .doc("a test op")
+                     .types("T", {DType::Float32})
+                     .input("x", "T", "input", 4)
+                     .optional_input("w", "T", "weight", 4)
+                     .ints_attr("stride", {1, 1}, "stride")
+                     .int_attr("k", "kernel size")
+                     .output("y", "T", shape::dims({dim("x", 0), dim_of_first({"w", "x"}, 1), (dim("x", 2) - attr("k")) / attr_at("stride", 0) + 1}), "out")
+                     .check(dim("x", 1) == 3, "x must have 3 channels")
+                     .cpu(noop_kernel));
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Registry, BuiltinOpsAreValidAndComplete) {
+  EXPECT_TRUE(registry().errors().empty()) << registry().errors().front();
+  for (const char* name : {"my_add", "dual_residual", "foo", "asinh"}) EXPECT_NE(registry().find(name), nullptr) << name;
+  EXPECT_EQ(registry().find("my_add")->export_as.onnx_name, "MyAdd");
+  EXPECT_EQ(registry().find("asinh")->export_as.onnx_name, "Asinh");
+  EXPECT_EQ(registry().find("asinh")->export_as.kind, ExportSpec::Kind::Standard);
+}
+
+TEST(Registry, ManifestNamesEveryOp) {
+  std::string m = manifest_json();
+  for (const OpSpec& op : registry().ops()) EXPECT_NE(m.find("\"name\":\"" + op.name + "\""), std::string::npos);
+  EXPECT_NE(m.find("\"op_type\":\"DualResidual\""), std::string::npos);
+  EXPECT_NE(m.find("\"default\":1"), std::string::npos);  // dual_residual's alpha
+}
+
+TEST(Registry, RejectsBrokenSpecs) {
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "U", "").output("y", "T", shape::same({"a"}), "").cpu(noop_kernel))); }), "");
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::same({"b"}), "").cpu(noop_kernel))); }), "");
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).optional_input("a", "T", "").input("b", "T", "").output("y", "T", shape::same({"b"}), "").cpu(noop_kernel))); }), "");
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::same({"a"}), ""))); }), "");
+  EXPECT_EQ(error_of([] { validate_spec(conv_like()); }), "");
+}
+
+TEST(ShapeInference, DimsRuleWithOptionalFallbackAndAttrs) {
+  OpSpec op = conv_like();
+  std::vector<AttrValue> attrs = resolve_attrs(op, {std::nullopt, AttrValue{int64_t{3}}});
+  Shape x{2, 3, 9, 9}, w{8, 5, 3, 3};
+  EXPECT_EQ(ShapeInference<int64_t>(op, {&x, nullptr}, attrs).run()[0], (Shape{2, 3, 7}));
+  EXPECT_EQ(ShapeInference<int64_t>(op, {&x, &w}, attrs).run()[0], (Shape{2, 5, 7}));
+  Shape bad{2, 4, 9, 9};
+  EXPECT_NE(error_of([&] { ShapeInference<int64_t>(op, {&bad, nullptr}, attrs).run(); }).find("x must have 3 channels"), std::string::npos);
+  Shape rank3{2, 3, 9};
+  EXPECT_NE(error_of([&] { ShapeInference<int64_t>(op, {&rank3, nullptr}, attrs).run(); }).find("must have rank 4"), std::string::npos);
+  std::vector<AttrValue> big_k = resolve_attrs(op, {std::nullopt, AttrValue{int64_t{20}}});
+  EXPECT_NE(error_of([&] { ShapeInference<int64_t>(op, {&x, nullptr}, big_k).run(); }).find("negative size"), std::string::npos);
+}
+
+TEST(ShapeInference, Broadcast) {
+  const OpSpec& op = *registry().find("my_add");
+  auto infer = [&](Shape a, Shape b) { return ShapeInference<int64_t>(op, {&a, &b}, {}).run()[0]; };
+  EXPECT_EQ(infer({2, 3}, {3}), (Shape{2, 3}));
+  EXPECT_EQ(infer({4, 1, 3}, {5, 1}), (Shape{4, 5, 3}));
+  EXPECT_EQ(infer({}, {2}), (Shape{2}));
+  EXPECT_EQ(infer({0, 3}, {1, 3}), (Shape{0, 3}));
+  EXPECT_NE(error_of([&] { infer({2, 3}, {4}); }).find("cannot be broadcast"), std::string::npos);
+}
+
+TEST(Attributes, DefaultsKindsAndMissing) {
+  OpSpec op = conv_like();
+  EXPECT_NE(error_of([&] { resolve_attrs(op, {std::nullopt, std::nullopt}); }).find("required attribute 'k' (int) is missing"), std::string::npos);
+  EXPECT_NE(error_of([&] { resolve_attrs(op, {std::nullopt, AttrValue{2.0}}); }).find("attribute 'k' must be int, got float"), std::string::npos);
+  auto a = resolve_attrs(op, {std::nullopt, AttrValue{int64_t{1}}});
+  EXPECT_EQ(std::get<std::vector<int64_t>>(a[0]), (std::vector<int64_t>{1, 1}));
+}
+
+TEST(Types, ResolveAndReject) {
+  const OpSpec& op = *registry().find("my_add");
+  EXPECT_EQ(resolve_types(op, {DType::Float64, DType::Float64})[0], DType::Float64);
+  EXPECT_NE(error_of([&] { resolve_types(op, {DType::Int64, DType::Int64}); }).find("input 'a' has dtype int64; expected float32 or float64"), std::string::npos);
+  EXPECT_NE(error_of([&] { resolve_types(op, {DType::Float32, DType::Float64}); }).find("must have the same dtype"), std::string::npos);
+}
+
+TEST(Names, CamelCase) {
+  EXPECT_EQ(camel_case("knn_query"), "KnnQuery");
+  EXPECT_EQ(camel_case("foo"), "Foo");
+  EXPECT_EQ(camel_case("deform_conv2d"), "DeformConv2d");
+}
+
+}  // namespace
+}  // namespace opbridge

@@ -1,0 +1,94 @@
+"""opbridge.export / session / verify, and the library loader: behaviour and error messages."""
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import opbridge
+
+
+class MyAdd(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.ops.opbridge.my_add(a, b)
+
+
+def test_unknown_exporter_is_one_clear_error():
+    with pytest.raises(opbridge.OpbridgeError, match="exporter must be one of dynamo, torchscript"):
+        opbridge.export(MyAdd(), (torch.ones(2), torch.ones(2)), exporter="onnx")
+
+
+def test_dynamic_axes_must_name_inputs():
+    with pytest.raises(opbridge.OpbridgeError, match=r"dynamic_axes names \['z'\]"):
+        opbridge.export(MyAdd(), (torch.ones(2), torch.ones(2)), input_names=["a", "b"], dynamic_axes={"z": {0: "n"}})
+
+
+def test_export_saves_a_checked_model(tmp_path):
+    path = tmp_path / "m.onnx"
+    proto = opbridge.export(MyAdd(), (torch.ones(2, 3), torch.ones(3)), path, input_names=["a", "b"])
+    loaded = onnx.load(path)
+    onnx.checker.check_model(loaded, full_check=True)
+    assert loaded.graph.node[0].op_type == proto.graph.node[0].op_type == "MyAdd"
+    assert {(o.domain, o.version) for o in loaded.opset_import} >= {("opbridge", 1)}
+
+
+def test_torchscript_export_declares_the_custom_opset():
+    proto = opbridge.export(MyAdd(), (torch.ones(2), torch.ones(2)), exporter="torchscript")
+    assert ("opbridge", 1) in {(o.domain, o.version) for o in proto.opset_import}
+
+
+def test_verify_reports_a_mismatch():
+    class Wrong(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.ops.opbridge.my_add(a, b) + 1e-3 * (a > 0)
+
+    args = (torch.randn(4, 3), torch.randn(4, 3))
+    proto = opbridge.export(MyAdd(), args)  # the graph computes my_add only
+    report = opbridge.verify(Wrong(), args, proto)
+    assert not report.ok
+    assert report.outputs[0].max_abs == pytest.approx(1e-3, rel=1e-3)
+    assert "MISMATCH" in report.table()
+    good = opbridge.verify(MyAdd(), args, proto)
+    assert good.ok and good.outputs[0].max_abs == 0.0
+
+
+def test_verify_input_count_mismatch():
+    proto = opbridge.export(MyAdd(), (torch.ones(2), torch.ones(2)))
+    with pytest.raises(opbridge.OpbridgeError, match="the ONNX model has 2 inputs, the call passes 1"):
+        opbridge.verify(MyAdd(), (torch.ones(2),), proto)
+
+
+def test_session_runs_custom_ops_and_threads_option():
+    proto = opbridge.export(MyAdd(), (torch.ones(2, 3), torch.ones(2, 3)), input_names=["a", "b"])
+    sess = opbridge.session(proto, threads=1)
+    a, b = np.random.rand(2, 3).astype(np.float32), np.random.rand(2, 3).astype(np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"a": a, "b": b})[0], 2 * a + b)
+
+
+def test_plain_onnxruntime_without_the_library_fails_clearly():
+    import onnxruntime as ort
+
+    proto = opbridge.export(MyAdd(), (torch.ones(2), torch.ones(2)))
+    with pytest.raises(Exception, match="MyAdd"):
+        ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_load_library_errors(tmp_path):
+    with pytest.raises(opbridge.OpbridgeError, match="op library not found"):
+        opbridge.load_library(tmp_path / "libnothing_torch.so")
+
+
+def test_load_library_is_idempotent():
+    again = opbridge.load_library(opbridge.builtin.torch_path)
+    assert again is opbridge.builtin
+    assert opbridge.libraries()[0] is opbridge.builtin
+
+
+def test_large_input_parallel_path_matches_numpy():
+    # Big enough for several chunks on ONNX Runtime's and PyTorch's thread pools.
+    a, b = torch.randn(1 << 18), torch.randn(1 << 18)
+    want = 2 * a.numpy() + b.numpy()
+    np.testing.assert_array_equal(torch.ops.opbridge.my_add(a, b).numpy(), want)
+    proto = opbridge.export(MyAdd(), (a, b), input_names=["a", "b"])
+    got = opbridge.session(proto, threads=2).run(None, {"a": a.numpy(), "b": b.numpy()})[0]
+    np.testing.assert_array_equal(got, want)
