@@ -71,21 +71,28 @@ def main(argv: list[str] | None = None) -> int:
 
     out = a.out or Path(tempfile.mkdtemp(prefix="opbridge-demo-"))
     model = DemoModel().eval()
-    all_ok = True
     print(f"[opbridge] exporting DemoModel (my_add, dual_residual, asinh) with both exporters into {out}")
+    rows = []
     for exporter, path in export_all(out).items():
         m = onnx.load(path)
         nodes = ", ".join(f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in m.graph.node)
-        batch_dim = m.graph.input[0].type.tensor_type.shape.dim[0]
-        print(f"\n== exporter={exporter}  ({path.name}: {nodes}; checker: ok; batch axis: '{batch_dim.dim_param}')")
+        batch_dim = m.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+        print(f"[opbridge] {exporter:<11} {path.name}: {nodes}; checker ok; batch axis '{batch_dim}'")
         sess = opbridge.session(path)
         for batch in BATCHES:
             report = opbridge.verify(model, example_inputs(batch, seed=1), path, sess=sess)
-            print(f"-- batch {batch}")
-            print(report.table())
-            all_ok &= report.ok
-    print("\n[opbridge] " + ("PASS: ONNX Runtime matches PyTorch on every output" if all_ok else "FAIL: mismatch"))
-    return 0 if all_ok else 1
+            rows += [(exporter, batch, o) for o in report.outputs]
+
+    print(f"\nONNX Runtime vs PyTorch eager (rtol {report.rtol:g}, atol {report.atol:g})")
+    head = f"{'exporter':<12} {'batch':>5}  {'output':<7} {'shape':<9} {'dtype':<8} {'max abs diff':>12} {'max rel diff':>12}  result"
+    print(head + "\n" + "-" * len(head))
+    for exporter, batch, o in rows:
+        verdict = "ok" if o.ok else f"MISMATCH {o.note}".rstrip()
+        print(f"{exporter:<12} {batch:>5}  {o.name:<7} {str(list(o.shape)):<9} {o.dtype:<8} "
+              f"{o.max_abs:>12.3e} {o.max_rel:>12.3e}  {verdict}")
+    ok = all(o.ok for _, _, o in rows)
+    print("\n[opbridge] " + ("PASS: ONNX Runtime matches PyTorch on every output" if ok else "FAIL: mismatch"))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -92,3 +92,38 @@ TEST(OrtConsumerErrors, BadInputShapeIsAFailedStatusNamingTheOp) {
 INSTANTIATE_TEST_SUITE_P(BothExporters, OrtConsumer, ::testing::Values("dynamo", "torchscript"));
 
 }  // namespace
+
+// ---- loading into an older ONNX Runtime -------------------------------------------------------
+#include <dlfcn.h>
+
+namespace {
+
+// Pretends to be ONNX Runtime 1.20: it refuses API versions above 20 and delegates the rest to
+// the real runtime (whose old API tables are still served).
+const OrtApi* OldGetApi(uint32_t version) noexcept { return version > 20 ? nullptr : OrtGetApiBase()->GetApi(version); }
+const char* OldVersion() noexcept { return "1.20.0"; }
+
+TEST(OrtLibraryLoading, OlderRuntimeGetsAMessageNamingBothVersions) {
+  void* handle = dlopen(OPBRIDGE_ORT_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(handle, nullptr) << dlerror();
+  using Register = OrtStatus* (*)(OrtSessionOptions*, const OrtApiBase*);
+  auto reg = reinterpret_cast<Register>(dlsym(handle, "RegisterCustomOps"));
+  ASSERT_NE(reg, nullptr);
+  OrtApiBase old{&OldGetApi, &OldVersion};
+  OrtStatus* status = reg(nullptr, &old);
+  ASSERT_NE(status, nullptr);
+  const OrtApi* api = OrtGetApiBase()->GetApi(ORT_API_VERSION);
+  std::string msg = api->GetErrorMessage(status);
+  api->ReleaseStatus(status);
+  EXPECT_NE(msg.find("1.29"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("1.20.0"), std::string::npos) << msg;
+}
+
+TEST(OrtLibraryLoading, ExportsOnlyRegisterCustomOps) {
+  void* handle = dlopen(OPBRIDGE_ORT_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(handle, nullptr) << dlerror();
+  EXPECT_NE(dlsym(handle, "RegisterCustomOps"), nullptr);
+  EXPECT_EQ(dlsym(handle, "_ZN8opbridge8registryEv"), nullptr);  // opbridge::registry()
+}
+
+}  // namespace

@@ -92,3 +92,34 @@ def test_large_input_parallel_path_matches_numpy():
     proto = opbridge.export(MyAdd(), (a, b), input_names=["a", "b"])
     got = opbridge.session(proto, threads=2).run(None, {"a": a.numpy(), "b": b.numpy()})[0]
     np.testing.assert_array_equal(got, want)
+
+
+def test_missing_torchscript_exporter_is_one_line(monkeypatch):
+    import opbridge._api as api
+
+    monkeypatch.setattr(api, "torchscript_exporter_available", lambda: False)
+    with pytest.raises(opbridge.OpbridgeError, match=r"has no TorchScript-based ONNX exporter \(dynamo=False\); use exporter='dynamo'"):
+        opbridge.export(MyAdd(), (torch.ones(2), torch.ones(2)), exporter="torchscript")
+
+
+def test_one_session_many_threads():
+    # Kernels keep no mutable state: concurrent runs of one session agree with numpy.
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Dual(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.ops.opbridge.dual_residual(x, y, alpha=0.25)
+
+    proto = opbridge.export(Dual(), (torch.ones(2, 3), torch.ones(2, 3)), input_names=["x", "y"],
+                            dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
+    sess = opbridge.session(proto)
+
+    def run(seed):
+        rng = np.random.default_rng(seed)
+        x, y = rng.random((1000 + seed, 3), np.float32), rng.random((1000 + seed, 3), np.float32)
+        r1, r2 = sess.run(None, {"x": x, "y": y})
+        a = np.float32(0.25)
+        return np.array_equal(r1, x * a - y) and np.array_equal(r2, y * a - x)
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(run, range(64)))
