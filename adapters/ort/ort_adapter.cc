@@ -72,59 +72,69 @@ struct Kernel {
 OrtStatus* fail(OrtErrorCode code, const std::string& msg) { return g_api->CreateStatus(code, msg.c_str()); }
 
 // ---- attributes -----------------------------------------------------------------------------
-// Reads attribute `name` as `kind`; nullopt when the node lacks it. A node attribute of another
-// kind is reported as such (ONNX Runtime's getters only say "failed").
-std::optional<AttrValue> read_as(const OrtKernelInfo* info, const char* name, AttrKind kind) {
-  OrtStatus* s = nullptr;
-  switch (kind) {
-    case AttrKind::Int:
-    case AttrKind::Bool: {
-      int64_t v = 0;
-      if ((s = g_api->KernelInfoGetAttribute_int64(info, name, &v))) break;
-      if (kind == AttrKind::Bool) return AttrValue{v != 0};
-      return AttrValue{v};
-    }
-    case AttrKind::Float: {
-      float v = 0;
-      if ((s = g_api->KernelInfoGetAttribute_float(info, name, &v))) break;
-      return AttrValue{static_cast<double>(v)};
-    }
-    case AttrKind::String: {
-      size_t n = 0;
-      if ((s = g_api->KernelInfoGetAttribute_string(info, name, nullptr, &n))) break;
-      std::string v(n, '\0');
-      check(g_api->KernelInfoGetAttribute_string(info, name, v.data(), &n));
-      v.resize(n ? n - 1 : 0);  // n counts the terminating NUL
-      return AttrValue{std::move(v)};
-    }
-    case AttrKind::Ints: {
-      size_t n = 0;
-      if ((s = g_api->KernelInfoGetAttributeArray_int64(info, name, nullptr, &n))) break;
+// What the node holds under an attribute name, as far as ONNX Runtime's getters can tell. The
+// scalar getters check the attribute's type; the list getters do not (they "succeed" with zero
+// elements on any attribute), so lists are probed last and an empty result stays ambiguous.
+struct Found {
+  enum class What { Absent, Value, EmptyList } what = What::Absent;
+  AttrValue value;
+  std::string_view kind;  // for messages: "int", "float", "str", "int[]", "float[]", "an empty list"
+};
+
+Found probe(const OrtKernelInfo* info, const char* name) {
+  auto ok = [](OrtStatus* s) {
+    if (!s) return true;
+    g_api->ReleaseStatus(s);
+    return false;
+  };
+  auto found = [](AttrValue v, std::string_view kind) { return Found{Found::What::Value, std::move(v), kind}; };
+  int64_t i = 0;
+  if (ok(g_api->KernelInfoGetAttribute_int64(info, name, &i))) return found(i, "int");
+  float x = 0;
+  if (ok(g_api->KernelInfoGetAttribute_float(info, name, &x))) return found(double{x}, "float");
+  size_t n = 0;
+  if (ok(g_api->KernelInfoGetAttribute_string(info, name, nullptr, &n))) {
+    std::string v(n, '\0');
+    check(g_api->KernelInfoGetAttribute_string(info, name, v.data(), &n));
+    v.resize(n ? n - 1 : 0);  // n counts the terminating NUL
+    return found(std::move(v), "str");
+  }
+  bool any_list = false;
+  if (ok(g_api->KernelInfoGetAttributeArray_int64(info, name, nullptr, &n))) {
+    any_list = true;
+    if (n) {
       std::vector<int64_t> v(n);
-      if (n) check(g_api->KernelInfoGetAttributeArray_int64(info, name, v.data(), &n));
-      return AttrValue{std::move(v)};
-    }
-    case AttrKind::Floats: {
-      size_t n = 0;
-      if ((s = g_api->KernelInfoGetAttributeArray_float(info, name, nullptr, &n))) break;
-      std::vector<float> v(n);
-      if (n) check(g_api->KernelInfoGetAttributeArray_float(info, name, v.data(), &n));
-      return AttrValue{std::vector<double>(v.begin(), v.end())};
+      check(g_api->KernelInfoGetAttributeArray_int64(info, name, v.data(), &n));
+      return found(std::move(v), "int[]");
     }
   }
-  g_api->ReleaseStatus(s);
-  return std::nullopt;
+  if (ok(g_api->KernelInfoGetAttributeArray_float(info, name, nullptr, &n))) {
+    any_list = true;
+    if (n) {
+      std::vector<float> v(n);
+      check(g_api->KernelInfoGetAttributeArray_float(info, name, v.data(), &n));
+      return found(std::vector<double>(v.begin(), v.end()), "float[]");
+    }
+  }
+  // An empty list of any element type, or an attribute kind opbridge does not read (tensor,
+  // graph, strings); indistinguishable through the C API.
+  if (any_list) return Found{Found::What::EmptyList, {}, "an empty list or an unsupported kind"};
+  return Found{};
 }
 
+// The node's value for `a` (nullopt when absent); a value of another kind is an error.
 std::optional<AttrValue> read_attr(const OrtKernelInfo* info, const AttrSpec& a) {
-  if (auto v = read_as(info, a.name.c_str(), a.kind)) return v;
-  for (AttrKind other : {AttrKind::Int, AttrKind::Float, AttrKind::String, AttrKind::Ints, AttrKind::Floats}) {
-    if (other == a.kind || (a.kind == AttrKind::Bool && other == AttrKind::Int)) continue;
-    if (read_as(info, a.name.c_str(), other))
-      throw Error(detail::concat("attribute '", a.name, "' must be ", attr_kind_name(a.kind), ", got ",
-                                 attr_kind_name(other)));
+  Found f = probe(info, a.name.c_str());
+  using W = Found::What;
+  if (f.what == W::Absent) return std::nullopt;
+  bool is_list = a.kind == AttrKind::Ints || a.kind == AttrKind::Floats;
+  if (f.what == W::EmptyList && is_list)
+    return a.kind == AttrKind::Ints ? AttrValue{std::vector<int64_t>{}} : AttrValue{std::vector<double>{}};
+  if (f.what == W::Value) {
+    if (attr_kind_of(f.value) == a.kind) return f.value;
+    if (a.kind == AttrKind::Bool && f.kind == "int") return AttrValue{std::get<int64_t>(f.value) != 0};
   }
-  return std::nullopt;
+  throw Error(detail::concat("attribute '", a.name, "' must be ", attr_kind_name(a.kind), ", got ", f.kind));
 }
 
 std::string node_name(const OrtKernelInfo* info) {

@@ -23,10 +23,22 @@ namespace opbridge {
 
 template <>
 struct DimTraits<c10::SymInt> {
-  static c10::SymInt from(int64_t v) { return c10::SymInt(v); }
-  static bool eq(const c10::SymInt& a, const c10::SymInt& b) { return a == b; }
-  static bool known_negative(const c10::SymInt& a) { return a.is_heap_allocated() ? false : a.as_int_unchecked() < 0; }
-  static c10::SymInt floordiv(const c10::SymInt& a, const c10::SymInt& b) { return a / b; }
+  using S = c10::SymInt;
+  static S from(int64_t v) { return S(v); }
+  static bool eq(const S& a, const S& b) { return a == b; }
+  static bool known_negative(const S& a) { return a.maybe_as_int().value_or(0) < 0; }
+  // Concrete values take the checked int64 path, so Meta and eager agree to the last case.
+  static S add(const S& a, const S& b) { return both(a, b) ? S(DimTraits<int64_t>::add(*a.maybe_as_int(), *b.maybe_as_int())) : a + b; }
+  static S sub(const S& a, const S& b) { return both(a, b) ? S(DimTraits<int64_t>::sub(*a.maybe_as_int(), *b.maybe_as_int())) : a - b; }
+  static S mul(const S& a, const S& b) { return both(a, b) ? S(DimTraits<int64_t>::mul(*a.maybe_as_int(), *b.maybe_as_int())) : a * b; }
+  static S floordiv(const S& a, const S& b) {
+    if (both(a, b)) return S(DimTraits<int64_t>::floordiv(*a.maybe_as_int(), *b.maybe_as_int()));
+    OB_CHECK(b.maybe_as_int() != std::optional<int64_t>(0), "shape rule divides by zero");
+    return a / b;  // symbolic: floor division of sizes
+  }
+
+ private:
+  static bool both(const S& a, const S& b) { return a.maybe_as_int() && b.maybe_as_int(); }
 };
 
 namespace {
@@ -45,7 +57,11 @@ std::string default_literal(const AttrValue& v) {
     case AttrKind::Int: return std::to_string(std::get<int64_t>(v));
     case AttrKind::Float: return float_literal(std::get<double>(v));
     case AttrKind::Bool: return std::get<bool>(v) ? "True" : "False";
-    case AttrKind::String: return "\"" + std::get<std::string>(v) + "\"";
+    case AttrKind::String: {
+      std::string out = "\"";
+      for (char c : std::get<std::string>(v)) out += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+      return out + "\"";
+    }
     case AttrKind::Ints: {
       std::string s = "[";
       for (int64_t x : std::get<std::vector<int64_t>>(v)) s += (s.size() > 1 ? ", " : "") + std::to_string(x);
@@ -155,6 +171,11 @@ class BoxedOp final : public c10::OperatorKernel {
       outputs = meta_ ? run_meta(tensors, attrs) : run_cpu(tensors, attrs);
     } catch (const Error& e) {
       TORCH_CHECK(false, op_.qualified_name(), ": ", e.what());
+    } catch (const c10::Error&) {
+      throw;  // already PyTorch's own error (e.g. from a tensor operation)
+    } catch (const std::exception& e) {
+      // A kernel bug (e.g. reading an attribute as the wrong kind) still names the op.
+      TORCH_CHECK(false, op_.qualified_name(), ": internal error: ", e.what());
     }
     torch::jit::drop(*stack, n_args);
     for (at::Tensor& t : outputs) stack->emplace_back(std::move(t));
@@ -230,6 +251,8 @@ struct TorchLibrary {
       } catch (const c10::Error& e) {
         registry().add_error("op '" + op.name + "': PyTorch rejected schema '" + schema_of(op) +
                              "': " + e.what_without_backtrace());
+      } catch (const std::exception& e) {  // e.g. torch::jit::ErrorReport from the schema parser
+        registry().add_error("op '" + op.name + "': PyTorch rejected schema '" + schema_of(op) + "': " + e.what());
       }
     }
   }

@@ -23,7 +23,9 @@ const AttrValue& KernelContext::attr(std::string_view name) const {
 }
 
 void* KernelContext::scratch(size_t bytes) {
-  scratch_.push_back(std::make_unique<std::byte[]>(bytes));
+  auto buf = std::make_unique<std::byte[]>(bytes);
+  std::lock_guard<std::mutex> lock(scratch_mu_);
+  scratch_.push_back(std::move(buf));
   return scratch_.back().get();
 }
 

@@ -1,6 +1,8 @@
 #include "opbridge/op_spec.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cctype>
 #include <set>
 
 #include "opbridge/error.h"
@@ -145,6 +147,19 @@ std::string camel_case(std::string_view snake) {
 
 // ---- validation -----------------------------------------------------------------------------
 namespace {
+// Every name becomes a Python keyword argument (torch.ops, the export glue) and an identifier in
+// a torch schema: it must be one, and not a Python keyword.
+void check_name(const std::string& what, const std::string& name) {
+  static const std::set<std::string> keywords = {
+      "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
+      "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import", "in",
+      "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while", "with", "yield"};
+  bool ok = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
+  for (char c : name) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+  OB_CHECK(ok, what, " name '", name, "' is not an identifier");
+  OB_CHECK(!keywords.count(name), what, " name '", name, "' is a Python keyword");
+}
+
 void check_expr(const OpSpec& op, const DimExpr& e) {
   const DimNode& n = *e.node;
   using K = DimNode::Kind;
@@ -172,7 +187,7 @@ void check_expr(const OpSpec& op, const DimExpr& e) {
 }  // namespace
 
 void validate_spec(const OpSpec& op) {
-  OB_CHECK(!op.name.empty(), "op without a name");
+  check_name("op", op.name);
   OB_CHECK(!op.doc.empty(), "op '", op.name, "' has no doc");
   std::set<std::string> names;
   for (const TypeConstraint& t : op.types) {
@@ -183,6 +198,7 @@ void validate_spec(const OpSpec& op) {
   bool seen_optional = false;
   std::set<std::string> bound_types;
   for (const InputSpec& in : op.inputs) {
+    check_name("input", in.name);
     OB_CHECK(names.insert(in.name).second, "duplicate input '", in.name, "'");
     op.type(in.type);
     OB_CHECK(in.optional || !seen_optional, "required input '", in.name, "' follows an optional one");
@@ -190,12 +206,19 @@ void validate_spec(const OpSpec& op) {
     if (!in.optional) bound_types.insert(in.type);
   }
   for (const AttrSpec& a : op.attrs) {
+    check_name("attribute", a.name);
     OB_CHECK(names.insert(a.name).second, "attribute '", a.name, "' reuses a name");
     OB_CHECK(!a.default_value || attr_kind_of(*a.default_value) == a.kind, "attribute '", a.name,
              "' has a default of the wrong kind");
+    if (a.default_value && a.kind == AttrKind::Float)
+      OB_CHECK(std::isfinite(std::get<double>(*a.default_value)), "attribute '", a.name, "' has a non-finite default");
+    if (a.default_value && a.kind == AttrKind::Floats)
+      for (double v : std::get<std::vector<double>>(*a.default_value))
+        OB_CHECK(std::isfinite(v), "attribute '", a.name, "' has a non-finite default");
   }
   OB_CHECK(!op.outputs.empty(), "op '", op.name, "' has no outputs");
   for (const OutputSpec& o : op.outputs) {
+    check_name("output", o.name);
     OB_CHECK(names.insert(o.name).second, "output '", o.name, "' reuses a name");
     // An output's dtype must follow from the required inputs, or be fixed.
     OB_CHECK(op.type(o.type).allowed.size() == 1 || bound_types.count(o.type), "output '", o.name,

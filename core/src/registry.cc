@@ -60,6 +60,7 @@ class Json {
     return *this;
   }
   Json& num(double v) {
+    if (!std::isfinite(v)) return raw("null");  // JSON has no inf/nan (validate_spec rejects them)
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.17g", v);
     os_ << buf;

@@ -9,6 +9,7 @@ import io
 import logging
 import os
 import warnings
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -137,15 +138,26 @@ def _dynamic_shapes(model: torch.nn.Module, args: tuple, input_names, dynamic_ax
     return tuple(shapes)
 
 
+# Which op libraries each SessionOptions already has: ONNX Runtime refuses a second
+# registration of the same domain, and options objects get reused.
+_registered: "weakref.WeakKeyDictionary[ort.SessionOptions, set]" = weakref.WeakKeyDictionary()
+
+
+def _register_libraries(so: ort.SessionOptions) -> ort.SessionOptions:
+    done = _registered.setdefault(so, set())
+    for lib in libraries():
+        if lib.ort_path is not None and lib.ort_path not in done:
+            so.register_custom_ops_library(str(lib.ort_path))
+            done.add(lib.ort_path)
+    return so
+
+
 def session_options(threads: int | None = None) -> ort.SessionOptions:
     """SessionOptions with every loaded op library registered."""
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads
-    for lib in libraries():
-        if lib.ort_path is not None:
-            so.register_custom_ops_library(str(lib.ort_path))
-    return so
+    return _register_libraries(so)
 
 
 def session(
@@ -159,11 +171,7 @@ def session(
         model = model.SerializeToString()
     elif not isinstance(model, bytes):
         model = os.fspath(model)
-    so = options or session_options(threads)
-    if options is not None:
-        for lib in libraries():
-            if lib.ort_path is not None:
-                so.register_custom_ops_library(str(lib.ort_path))
+    so = _register_libraries(options) if options is not None else session_options(threads)
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
@@ -220,7 +228,9 @@ def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: flo
         return OutputDiff(name, want.shape, str(want.dtype), 0.0, 0.0, True)
     g, w = got.astype(np.float64), want.astype(np.float64)
     same_nan = np.isnan(g) == np.isnan(w)
-    diff = np.where(np.isnan(g) & np.isnan(w), 0.0, np.abs(g - w))
+    # Equal values (infinities included) and NaN against NaN differ by nothing.
+    with np.errstate(invalid="ignore"):
+        diff = np.where((g == w) | (np.isnan(g) & np.isnan(w)), 0.0, np.abs(g - w))
     max_abs = float(np.max(diff))
     max_rel = float(np.max(diff / np.maximum(np.abs(w), np.finfo(np.float64).tiny)))
     ok = bool(same_nan.all() and np.all(diff <= atol + rtol * np.abs(w)))

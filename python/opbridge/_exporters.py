@@ -13,6 +13,7 @@ import inspect
 import warnings
 from typing import Any, Callable
 
+import onnx_ir
 import onnxscript
 import torch
 
@@ -52,6 +53,15 @@ def _trim_optional(op: OpInfo, inputs: list[Any], is_none: Callable[[Any], bool]
 
 
 # ---- dynamo=True ------------------------------------------------------------------------------
+def _typed_attr(name: str, kind: str, value):
+    # Lists are typed explicitly: an empty Python list would otherwise become INTS.
+    if kind == "float[]":
+        return onnx_ir.AttrFloat32s(name, value)
+    if kind == "int[]":
+        return onnx_ir.AttrInt64s(name, value)
+    return value
+
+
 def _translation(op: OpInfo) -> Callable:
     if op.export_kind == "custom":
         opset = onnxscript.values.Opset(op.onnx_domain, op.since_version)
@@ -63,7 +73,8 @@ def _translation(op: OpInfo) -> Callable:
     def translate(*args, **kwargs):
         inputs, attrs = _split_args(op, args, dict(kwargs))
         inputs = _trim_optional(op, inputs, lambda v: v is None)
-        onnx_attrs = {k: onnx_attribute_value(kinds[k], v) for k, v in attrs.items() if v is not None}
+        onnx_attrs = {k: _typed_attr(k, kinds[k], onnx_attribute_value(kinds[k], v)) for k, v in attrs.items()
+                      if v is not None}
         return emit(*inputs, **onnx_attrs)
 
     # The exporter matches the torch op's arguments to this signature.
@@ -122,26 +133,20 @@ def _symbolic(op: OpInfo) -> Callable:
     return symbolic
 
 
-# Stands in for dynamic dimensions when the Meta kernel types a TorchScript node: one value for
-# all of them, so a dynamic batch axis shared by several inputs still broadcasts.
-_DYNAMIC_PLACEHOLDER = 9973
+# Stand in for dynamic dimensions when the Meta kernel types a TorchScript node: one value for
+# all of them (a batch axis shared by several inputs must still broadcast), and a second run
+# with another value tells which output dimensions depend on them.
+_DYNAMIC_PLACEHOLDERS = (9973, 9967)
 
 
 def _set_output_types(op: OpInfo, inputs: list, attrs: dict, outs: list) -> None:
     """Types the node's outputs by running the op's Meta kernel (the spec's shape rule) on the
-    traced input types, so the TorchScript exporter's shape inference knows them. Best effort:
-    where the inputs are not fully typed the outputs stay untyped, as before."""
+    traced input types, so the TorchScript exporter's shape inference knows them. Output
+    dimensions that follow a dynamic input dimension stay dynamic. Best effort: where the
+    inputs are not fully typed the outputs stay untyped, as before."""
     from torch.onnx import symbolic_helper as sh
 
     try:
-        metas = []
-        for v in inputs:
-            t = v.type()
-            sizes = t.varyingSizes()
-            dtype = t.dtype()
-            if sizes is None or dtype is None:
-                return
-            metas.append(torch.empty([_DYNAMIC_PLACEHOLDER if d is None else d for d in sizes], dtype=dtype, device="meta"))
         consts = {}
         for a in op.attributes:
             v = attrs.get(a["name"])
@@ -149,12 +154,21 @@ def _set_output_types(op: OpInfo, inputs: list, attrs: dict, outs: list) -> None
                 v = None if sh._is_none(v) else sh._maybe_get_const(v, _CONST_KIND[a["kind"]])
             if v is not None:
                 consts[a["name"]] = v
-        results = op.overload(*metas, **consts)
+        runs = []
+        for placeholder in _DYNAMIC_PLACEHOLDERS:
+            metas = []
+            for v in inputs:
+                t = v.type()
+                sizes, dtype = t.varyingSizes(), t.dtype()
+                if sizes is None or dtype is None:
+                    return
+                metas.append(torch.empty([placeholder if d is None else d for d in sizes], dtype=dtype, device="meta"))
+            results = op.overload(*metas, **consts)
+            runs.append([results] if isinstance(results, torch.Tensor) else list(results))
     except Exception:  # untypable here; the exporter copes without types
         return
-    results = [results] if isinstance(results, torch.Tensor) else list(results)
-    for value, r in zip(outs, results):
-        sizes = [None if d == _DYNAMIC_PLACEHOLDER else d for d in r.shape]
+    for value, r, r2 in zip(outs, *runs):
+        sizes = [d if d == d2 else None for d, d2 in zip(r.shape, r2.shape)]
         value.setType(torch._C.TensorType.create_from_tensor(r).with_sizes(sizes))
 
 

@@ -18,6 +18,16 @@ _ATTR_TYPES = {
 }
 
 
+ATTRIBUTE_PROTO_TYPES = {
+    "int": AttributeProto.INT,
+    "bool": AttributeProto.INT,
+    "float": AttributeProto.FLOAT,
+    "str": AttributeProto.STRING,
+    "int[]": AttributeProto.INTS,
+    "float[]": AttributeProto.FLOATS,
+}
+
+
 def onnx_attribute_value(kind: str, value):
     """A manifest/Python attribute value as ONNX stores it (bools are ints)."""
     if kind == "bool":
@@ -31,9 +41,9 @@ def onnx_attribute_value(kind: str, value):
 
 def _attribute(a: dict) -> defs.OpSchema.Attribute:
     if "default" in a:
-        proto = helper.make_attribute(a["name"], onnx_attribute_value(a["kind"], a["default"]))
-        if a["kind"] == "int[]" and not a["default"]:
-            proto.type = AttributeProto.INTS  # make_attribute cannot type an empty list
+        # Typed explicitly: make_attribute cannot tell what an empty list holds.
+        proto = helper.make_attribute(a["name"], onnx_attribute_value(a["kind"], a["default"]),
+                                      attr_type=ATTRIBUTE_PROTO_TYPES[a["kind"]])
         return defs.OpSchema.Attribute(a["name"], proto, a["doc"])
     return defs.OpSchema.Attribute(a["name"], _ATTR_TYPES[a["kind"]], a["doc"], required=True)
 

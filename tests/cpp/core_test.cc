@@ -2,6 +2,9 @@
 // manifest. Op kernels are tested next to their definitions (ops/<op>/<op>_test.cc).
 #include <gtest/gtest.h>
 
+#include <climits>
+#include <cmath>
+
 #include "kernel_harness.h"
 #include "opbridge/op.h"
 #include "opbridge/shape_infer.h"
@@ -55,7 +58,21 @@ TEST(Registry, RejectsBrokenSpecs) {
   EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::same({"b"}), "").cpu(noop_kernel))); }), "");
   EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).optional_input("a", "T", "").input("b", "T", "").output("y", "T", shape::same({"b"}), "").cpu(noop_kernel))); }), "");
   EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::same({"a"}), ""))); }), "");
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").int_attr("is", 1, "").output("y", "T", shape::same({"a"}), "").cpu(noop_kernel))); }).find("Python keyword"), std::string::npos);
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a-b", "T", "").output("y", "T", shape::same({"a-b"}), "").cpu(noop_kernel))); }).find("not an identifier"), std::string::npos);
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").float_attr("f", INFINITY, "").output("y", "T", shape::same({"a"}), "").cpu(noop_kernel))); }).find("non-finite"), std::string::npos);
   EXPECT_EQ(error_of([] { validate_spec(conv_like()); }), "");
+}
+
+TEST(ShapeInference, CheckedArithmeticAndFloorDivision) {
+  using T = DimTraits<int64_t>;
+  EXPECT_EQ(T::floordiv(7, -2), -4);
+  EXPECT_EQ(T::floordiv(-7, 2), -4);
+  EXPECT_EQ(T::floordiv(7, 2), 3);
+  EXPECT_NE(error_of([] { T::floordiv(1, 0); }).find("divides by zero"), std::string::npos);
+  EXPECT_NE(error_of([] { T::floordiv(INT64_MIN, -1); }).find("overflows"), std::string::npos);
+  EXPECT_NE(error_of([] { T::mul(INT64_MAX / 2, 3); }).find("overflows"), std::string::npos);
+  EXPECT_NE(error_of([] { T::add(INT64_MAX, 1); }).find("overflows"), std::string::npos);
 }
 
 TEST(ShapeInference, DimsRuleWithOptionalFallbackAndAttrs) {

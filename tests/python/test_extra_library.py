@@ -11,11 +11,12 @@ import pytest
 import torch
 
 import opbridge
+from opbridge.testing import BadInput, OpCase, Sample, op_test_suite, random_tensor as r
 
 HERE = Path(__file__).parent / "extra_library"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def extra(tmp_path_factory):
     src = tmp_path_factory.mktemp("extra_src")
     for f in HERE.iterdir():
@@ -36,10 +37,10 @@ class Axpy(torch.nn.Module):
 def test_library_metadata(extra):
     assert extra.torch_namespace == "extra"
     assert extra.onnx_domain == "com.example.extra"
-    assert [op.name for op in extra.ops] == ["axpy"]
+    assert sorted(op.name for op in extra.ops) == ["attr_mix", "axpy"]
     assert extra.ort_path.name == "libextra_ops_ort.so"
     # The built-in library is untouched by the second one.
-    assert "axpy" not in [op.name for op in opbridge.builtin.ops]
+    assert not {"axpy", "attr_mix"} & {op.name for op in opbridge.builtin.ops}
 
 
 def test_eager(extra):
@@ -78,3 +79,64 @@ def test_missing_required_attribute_in_onnxruntime(extra):
     m = node_model(extra.op("axpy"), [x], {})
     with pytest.raises(Exception, match="extra::axpy .*required attribute 'alpha' \\(float\\) is missing"):
         opbridge.session(m).run(None, {"x": x})
+
+
+# ---- the standard suite on the extra ops ---------------------------------------------------
+def attr_mix_reference(x, i, f=1.0, ints=(1, 2), floats=(), b=False, s="ab", k=2):
+    shift = np.float32(i + sum(ints) + sum(np.float32(v) for v in floats) + int(b) + len(s))
+    return x * np.float32(f) + shift, x[: x.shape[0] // k]
+
+
+TestAttrMix = op_test_suite(
+    OpCase(
+        "attr_mix",
+        reference=attr_mix_reference,
+        samples=[
+            Sample((r([7]),), {"i": 3}, name="defaults", dynamic={0: [0]}),
+            Sample((r([9]),), {"i": -1, "f": 0.5, "ints": [4], "floats": [0.25, 0.5], "b": True, "s": "xyz", "k": 4},
+                   name="all_set"),
+            Sample((r([5]),), {"i": 0, "ints": [], "floats": [], "k": 7}, name="empty_lists_and_empty_head"),
+        ],
+        bad_inputs=[
+            BadInput((r([4]),), {"i": 1, "k": 0}, "shape rule divides by zero", "k_zero"),
+            BadInput((r([2, 2]),), {"i": 1}, "input 'x' must have rank 1", "wrong_rank"),
+        ],
+        rtol=1e-6,
+        resize=lambda s, n: Sample((r([n], seed=n),), s.attrs),
+    )
+)
+
+TestAxpy = op_test_suite(
+    OpCase(
+        "axpy",
+        reference=lambda x, bias=None, alpha=None: np.float32(alpha).astype(x.dtype) * x + (0 if bias is None else bias),
+        samples=[
+            Sample((r([3, 4]), r([3, 4], seed=1)), {"alpha": 2.0}, name="with_bias", dynamic={0: [0], 1: [0]}),
+            Sample((r([3, 4], "float64"), None), {"alpha": 0.3}, name="without_bias"),
+        ],
+        resize=lambda s, n: Sample((r([n, 4], seed=n), r([n, 4], seed=n + 1)), s.attrs),
+    )
+)
+
+
+def test_meta_kernel_agrees_with_eager_on_errors():
+    x = torch.empty(4, device="meta")
+    with pytest.raises(RuntimeError, match="extra::attr_mix: shape rule divides by zero"):
+        torch.ops.extra.attr_mix(x, 1, k=0)
+    y, head = torch.ops.extra.attr_mix(torch.empty(7, device="meta"), 1, k=3)
+    assert head.shape == (2,)
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_dimension_derived_from_a_dynamic_axis_stays_dynamic(exporter):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.extra.attr_mix(x, 1, k=2)
+
+    proto = opbridge.export(M(), (torch.randn(8),), exporter=exporter, input_names=["x"], dynamic_axes={"x": {0: "n"}})
+    head = proto.graph.output[1].type.tensor_type.shape.dim[0]
+    assert not head.HasField("dim_value"), head
+    sess = opbridge.session(proto)
+    for n in (3, 10):
+        x = np.arange(n, dtype=np.float32)
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[1], x[: n // 2])

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -41,7 +42,7 @@ class KernelContext {
   // Runs fn(begin, end) over [0, n) in chunks of at least `grain` on the host runtime's
   // intra-op thread pool (at::parallel_for in PyTorch, KernelContext_ParallelFor in ORT).
   virtual void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) = 0;
-  // Scratch memory that lives until the kernel returns.
+  // Scratch memory that lives until the kernel returns. Safe to call inside parallel_for.
   void* scratch(size_t bytes);
 
  private:
@@ -52,6 +53,7 @@ class KernelContext {
   std::vector<const TensorView*> inputs_;
   std::vector<TensorView> outputs_;
   const std::vector<AttrValue>& attrs_;
+  std::mutex scratch_mu_;
   std::vector<std::unique_ptr<std::byte[]>> scratch_;
 };
 

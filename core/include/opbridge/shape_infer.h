@@ -4,6 +4,7 @@
 // Messages never name the op: each adapter prefixes its own qualified name.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -14,13 +15,31 @@
 
 namespace opbridge {
 
+// Dimension arithmetic. Shape rules can see hostile sizes and attributes (a hand-made ONNX node
+// may say anything), so int64 arithmetic is checked and division floors, as Python's // does.
 template <typename D>
 struct DimTraits {  // int64_t
   static D from(int64_t v) { return v; }
   static bool eq(const D& a, const D& b) { return a == b; }
   static bool known_negative(const D& a) { return a < 0; }
-  static D floordiv(const D& a, const D& b) {
+  static D add(D a, D b) {
+    D r;
+    OB_CHECK(!__builtin_add_overflow(a, b, &r), "shape rule overflows int64 (", a, " + ", b, ")");
+    return r;
+  }
+  static D sub(D a, D b) {
+    D r;
+    OB_CHECK(!__builtin_sub_overflow(a, b, &r), "shape rule overflows int64 (", a, " - ", b, ")");
+    return r;
+  }
+  static D mul(D a, D b) {
+    D r;
+    OB_CHECK(!__builtin_mul_overflow(a, b, &r), "shape rule overflows int64 (", a, " * ", b, ")");
+    return r;
+  }
+  static D floordiv(D a, D b) {
     OB_CHECK(b != 0, "shape rule divides by zero");
+    OB_CHECK(!(b == -1 && a == INT64_MIN), "shape rule overflows int64 (", a, " // ", b, ")");
     D q = a / b;
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
   }
@@ -80,9 +99,9 @@ class ShapeInference {
                  n.value + 1, " values, got ", v.size());
         return T::from(v[static_cast<size_t>(n.value)]);
       }
-      case K::Add: return eval(n.lhs) + eval(n.rhs);
-      case K::Sub: return eval(n.lhs) - eval(n.rhs);
-      case K::Mul: return eval(n.lhs) * eval(n.rhs);
+      case K::Add: return T::add(eval(n.lhs), eval(n.rhs));
+      case K::Sub: return T::sub(eval(n.lhs), eval(n.rhs));
+      case K::Mul: return T::mul(eval(n.lhs), eval(n.rhs));
       case K::FloorDiv: return T::floordiv(eval(n.lhs), eval(n.rhs));
     }
     throw Error("unknown shape expression");
