@@ -11,6 +11,12 @@ ort_version=1.29.0
 integrity='sha512-BkzxduSZ9IkeDP6Q8lz2TFU2ie7hSSvS7ZIfzMooExoq0CNzJnuuGaUJ7IsojBgqO4ouD1jXah8OYyJbCN29Fg=='
 stamp="$dest/.opbridge-sdk"
 
+if [ "$(uname -s)/$(uname -m)" != "Linux/x86_64" ]; then
+  echo "[opbridge] the ONNX Runtime SDK from the npm registry ships Linux x86_64 binaries only;" \
+       "this is $(uname -s)/$(uname -m): set ONNXRUNTIME_ROOT to an official ONNX Runtime release" >&2
+  exit 1
+fi
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$pkg@$ver $integrity" ]; then
   exit 0
 fi

@@ -16,7 +16,8 @@ for p in "${apt_pkgs[@]}"; do
 done
 # npm may come from another installation (e.g. a Node.js build already on PATH).
 if command -v npm >/dev/null; then missing=("${missing[@]/npm}"); fi
-if command -v python3 >/dev/null && python3 -m venv --help >/dev/null 2>&1; then missing=("${missing[@]/python3-venv}"); fi
+# Debian's python3 has the venv module but not ensurepip (python3-venv), which venv needs.
+if command -v python3 >/dev/null && python3 -c 'import ensurepip' >/dev/null 2>&1; then missing=("${missing[@]/python3-venv}"); fi
 read -r -a missing <<<"${missing[*]:-}"
 if [ "${#missing[@]}" -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"
@@ -26,9 +27,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 # 2. Python virtual environment with the pinned dependencies.
-if [ ! -x .venv/bin/python ]; then
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
   say "creating .venv"
+  rm -rf .venv  # a half-made one (e.g. from a failed earlier run) is replaced
   python3 -m venv .venv
+  rm -f .venv/.opbridge-requirements
 fi
 req_stamp=.venv/.opbridge-requirements
 if ! cmp -s requirements.txt "$req_stamp"; then
@@ -48,8 +51,10 @@ fi
 #    package (python/opbridge/_sdk): op libraries, headers and the CMake package for users.
 torch_prefix=$($py -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 jobs=${OPBRIDGE_JOBS:-$(nproc)}
-if [ ! -f build/CMakeCache.txt ]; then
-  say "configuring (build/)"
+# Configure when never configured (or a configure failed), or when ONNXRUNTIME_ROOT changed.
+cached_ort=$(sed -n 's/^ONNXRUNTIME_ROOT:PATH=//p' build/CMakeCache.txt 2>/dev/null || true)
+if [ ! -f build/build.ninja ] || [ "$cached_ort" != "$ort_root" ]; then
+  say "configuring (build/, ONNX Runtime from $ort_root)"
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$torch_prefix" \
     -DONNXRUNTIME_ROOT="$ort_root" \

@@ -8,6 +8,7 @@ import inspect
 import io
 import logging
 import os
+import re
 import warnings
 import weakref
 from typing import Any, Sequence
@@ -24,6 +25,10 @@ EXPORTERS = ("dynamo", "torchscript")
 DEFAULT_TORCHSCRIPT_OPSET = 17
 
 
+# The dynamo exporter writes ai.onnx opset 18 or newer (onnxscript converts down no further).
+MIN_DYNAMO_OPSET = 18
+
+
 def export(
     model: torch.nn.Module,
     args: tuple,
@@ -33,7 +38,8 @@ def export(
     opset: int | None = None,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
-    dynamic_axes: dict[str, dict[int, str]] | None = None,
+    dynamic_axes: dict[str, dict[int, str] | list[int]] | None = None,
+    dynamic_shapes: Any = None,
     kwargs: dict[str, Any] | None = None,
     check: bool = True,
     verbose: bool = False,
@@ -41,26 +47,28 @@ def export(
     """Exports `model` with opbridge's rules using either PyTorch exporter, runs the ONNX checker
     with full shape inference, saves to `f` if given, and returns the model.
 
-    dynamic_axes: {"input name": {axis: "dim name"}} — kept symbolic in the ONNX model.
+    input_names name the model's tensor inputs in order (positional, then keyword arguments).
+    dynamic_axes: {"input name": {axis: "dim name"}} (or [axis, ...]); those axes stay symbolic in
+    the ONNX model — export fails if the model fixes one of them. For inputs nested in
+    containers, the dynamo exporter also takes torch.export's own `dynamic_shapes`.
     """
     if exporter not in EXPORTERS:
         raise OpbridgeError(f"exporter must be one of {', '.join(EXPORTERS)}, got '{exporter}'")
     if not isinstance(args, tuple):
         args = (args,)
+    names = list(input_names) if input_names else None
+    outs = list(output_names) if output_names else None
     if exporter == "dynamo":
-        with _quiet(verbose):
-            program = torch.onnx.export(
-                model,
-                args,
-                kwargs=kwargs,
-                dynamo=True,
-                custom_translation_table=translation_table(),
-                opset_version=opset,
-                input_names=list(input_names) if input_names else None,
-                output_names=list(output_names) if output_names else None,
-                dynamic_shapes=_dynamic_shapes(model, args, input_names, dynamic_axes),
-                verbose=verbose,
-            )
+        if opset is not None and opset < MIN_DYNAMO_OPSET:
+            raise OpbridgeError(f"the dynamo exporter writes opset {MIN_DYNAMO_OPSET} or newer, got opset={opset}; "
+                                "use exporter='torchscript' for older opsets")
+        if dynamic_shapes is None:
+            dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_axes)
+        with _quiet(verbose), _op_errors():
+            program = torch.onnx.export(model, args, kwargs=kwargs, dynamo=True,
+                                        custom_translation_table=translation_table(), opset_version=opset,
+                                        input_names=names, output_names=outs, dynamic_shapes=dynamic_shapes,
+                                        verbose=verbose)
         proto = program.model_proto
     else:
         if not torchscript_exporter_available():
@@ -68,27 +76,75 @@ def export(
                 f"torch {torch.__version__} has no TorchScript-based ONNX exporter (dynamo=False); "
                 "use exporter='dynamo'"
             )
+        if dynamic_shapes is not None:
+            raise OpbridgeError("dynamic_shapes is for the dynamo exporter; the TorchScript exporter takes dynamic_axes")
+        if kwargs:
+            # The TorchScript exporter passes everything positionally: bind keywords here.
+            model, args = _KeywordsBound(model, args, kwargs), tuple(_tensors((args, kwargs)))
         buf = io.BytesIO()
-        with _quiet(verbose):
-            torch.onnx.export(
-                model,
-                args,
-                buf,
-                kwargs=kwargs,
-                dynamo=False,
-                opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET,
-                custom_opsets=custom_opsets(),
-                input_names=list(input_names) if input_names else None,
-                output_names=list(output_names) if output_names else None,
-                dynamic_axes=dynamic_axes,
-                verbose=verbose,
-            )
+        with _quiet(verbose), _op_errors():
+            torch.onnx.export(model, args, buf, dynamo=False,
+                              opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
+                              input_names=names, output_names=outs, dynamic_axes=dynamic_axes, verbose=verbose)
         proto = onnx.load_from_string(buf.getvalue())
+    if dynamic_axes:
+        _check_dynamic(proto, dynamic_axes)
     if check:
         onnx.checker.check_model(proto, full_check=True)
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
+
+
+class _KeywordsBound(torch.nn.Module):
+    """Calls `model(*args, **kwargs)` with the tensors of args and kwargs taken positionally (in
+    the order opbridge names graph inputs) and everything else fixed."""
+
+    def __init__(self, model, args: tuple, kwargs: dict):
+        super().__init__()
+        self.model = model
+        self.spec = torch.utils._pytree.tree_flatten((args, kwargs))
+        self.is_tensor = [isinstance(v, torch.Tensor) for v in self.spec[0]]
+
+    def forward(self, *tensors):
+        it = iter(tensors)
+        leaves = [next(it) if t else v for v, t in zip(self.spec[0], self.is_tensor)]
+        args, kwargs = torch.utils._pytree.tree_unflatten(leaves, self.spec[1])
+        return self.model(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _op_errors():
+    """An op's own error ("<ns>::<op>: reason"), raised while an exporter traces the model, is
+    re-raised as itself rather than left under several layers of exporter errors."""
+    try:
+        yield
+    except OpbridgeError:
+        raise
+    except Exception as e:
+        namespaces = {lib.torch_namespace for lib in libraries()}
+        cur, seen = e, set()
+        while cur is not None and id(cur) not in seen:
+            seen.add(id(cur))
+            first = str(cur).strip().splitlines()[0] if str(cur).strip() else ""
+            m = re.match(r"(\w+)::\w+: ", first)
+            if m and m.group(1) in namespaces:
+                raise OpbridgeError(first) from e
+            cur = cur.__cause__ or cur.__context__
+        raise
+
+
+def _check_dynamic(proto: onnx.ModelProto, dynamic_axes) -> None:
+    inputs = {i.name: i for i in proto.graph.input}
+    for name, axes in dynamic_axes.items():
+        if name not in inputs:
+            continue  # an input the exporter dropped (unused by the graph)
+        dims = inputs[name].type.tensor_type.shape.dim
+        for ax in axes:
+            d = dims[ax]
+            if d.HasField("dim_value"):
+                raise OpbridgeError(f"axis {ax} of input '{name}' was asked to be dynamic, but the exported model "
+                                    f"fixes it to {d.dim_value}: the model specializes on that size")
 
 
 @contextlib.contextmanager
@@ -98,7 +154,8 @@ def _quiet(verbose: bool):
     if verbose:
         yield
         return
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo")]
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "torch._subclasses",
+                                              "torch.fx")]
     levels = [lg.level for lg in loggers]
     try:
         for lg in loggers:
@@ -111,31 +168,56 @@ def _quiet(verbose: bool):
             lg.setLevel(level)
 
 
-def _dynamic_shapes(model: torch.nn.Module, args: tuple, input_names, dynamic_axes):
-    """dynamic_axes ({"x": {0: "batch"}}) as torch.export dynamic_shapes, one torch.export.Dim
-    per axis name, so axes that share a name share a symbol (and keep the name in ONNX)."""
+def _dynamic_shapes(model, args: tuple, kwargs: dict | None, names: list[str] | None, dynamic_axes):
+    """dynamic_axes ({"x": {0: "batch"}}) as torch.export dynamic_shapes, keyed like forward's
+    parameters, one torch.export.Dim per axis name, so axes that share a name share a symbol
+    (and keep the name in ONNX)."""
     if not dynamic_axes:
         return None
-    names = list(input_names or [])
-    unknown = set(dynamic_axes) - set(names)
+    kwargs = kwargs or {}
+    names = names or []
+    flat = [(("arg", i), a) for i, a in enumerate(args)] + [(("kw", k), v) for k, v in kwargs.items()]
+    if any(isinstance(v, (list, tuple, dict)) for _, v in flat):
+        raise OpbridgeError("dynamic_axes names top-level tensor arguments only; for inputs nested in containers "
+                            "pass torch.export's dynamic_shapes instead")
+    tensors = [(where, v) for where, v in flat if isinstance(v, torch.Tensor)]
+    unknown = sorted(set(dynamic_axes) - set(names[: len(tensors)]))
     if unknown:
-        raise OpbridgeError(f"dynamic_axes names {sorted(unknown)}, which are not in input_names {names}")
-    dims: dict[str, torch.export.Dim] = {}
-    shapes = []
-    for i, a in enumerate(args):
-        axes = dynamic_axes.get(names[i]) if i < len(names) else None
-        if not isinstance(a, torch.Tensor) or not axes:
-            shapes.append(None)
+        raise OpbridgeError(f"dynamic_axes names {unknown}, which are not in input_names {names} "
+                            "(input_names name the tensor inputs in order)")
+    symbols: dict[str, torch.export.Dim] = {}
+    per_tensor = {}
+    for (where, t), name in zip(tensors, names):
+        axes = dynamic_axes.get(name)
+        if not axes:
             continue
         if isinstance(axes, (list, tuple)):
-            axes = {ax: f"{names[i]}_dim{ax}" for ax in axes}
-        shapes.append({ax: dims.setdefault(n, torch.export.Dim(n)) for ax, n in axes.items()})
-    # torch.export matches dynamic_shapes to forward's parameters: `forward(self, *xs)` takes
-    # them as one tuple.
-    params = list(inspect.signature(model.forward).parameters.values())
-    if params and params[0].kind is inspect.Parameter.VAR_POSITIONAL:
-        return (tuple(shapes),)
-    return tuple(shapes)
+            axes = {ax: f"{name}_dim{ax}" for ax in axes}
+        spec = {}
+        for ax, sym in axes.items():
+            if not -t.dim() <= ax < t.dim():
+                raise OpbridgeError(f"dynamic_axes: input '{name}' has rank {t.dim()}; it has no axis {ax}")
+            spec[ax % t.dim()] = symbols.setdefault(sym, torch.export.Dim(sym))
+        per_tensor[where] = spec
+    forward = getattr(model, "forward", None)
+    if not callable(forward):
+        raise OpbridgeError("dynamic_axes needs a torch.nn.Module; an ExportedProgram has its shapes already")
+    sig = inspect.signature(forward)
+    bound = sig.bind(*args, **kwargs)
+    shapes, pos = {}, 0
+    for pname, value in bound.arguments.items():
+        kind = sig.parameters[pname].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            shapes[pname] = tuple(per_tensor.get(("arg", pos + j)) for j in range(len(value)))
+            pos += len(value)
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            shapes[pname] = {k: per_tensor.get(("kw", k)) for k in value}
+        elif pname in kwargs:
+            shapes[pname] = per_tensor.get(("kw", pname))
+        else:
+            shapes[pname] = per_tensor.get(("arg", pos))
+            pos += 1
+    return shapes
 
 
 # Which op libraries each SessionOptions already has: ONNX Runtime refuses a second
@@ -210,12 +292,8 @@ class VerifyReport:
         return self.table()
 
 
-def _flatten(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _flatten(o)]
-    raise OpbridgeError(f"verify: model returned {type(out).__name__}; expected tensors")
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
 def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> OutputDiff:
@@ -242,21 +320,24 @@ def verify(
     args: tuple,
     onnx_model: str | os.PathLike | bytes | onnx.ModelProto,
     *,
+    kwargs: dict[str, Any] | None = None,
     rtol: float = 1e-5,
     atol: float = 1e-6,
     sess: ort.InferenceSession | None = None,
 ) -> VerifyReport:
     """Runs torch eager and ONNX Runtime on the same inputs; reports the largest absolute and
-    relative difference per output. Tensor arguments feed the graph inputs in order."""
+    relative difference per output. The tensors of args and kwargs (nested ones too, in order)
+    feed the graph inputs in order; outputs are compared in order of their tensors."""
     if not isinstance(args, tuple):
         args = (args,)
+    kwargs = kwargs or {}
     sess = sess or session(onnx_model)
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    tensors = _tensors((args, kwargs))
     names = [i.name for i in sess.get_inputs()]
     if len(names) != len(tensors):
         raise OpbridgeError(f"verify: the ONNX model has {len(names)} inputs, the call passes {len(tensors)} tensors")
     with torch.no_grad():
-        want = [t.detach().cpu().numpy() for t in _flatten(model(*args))]
+        want = [t.detach().cpu().numpy() for t in _tensors(model(*args, **kwargs))]
     feeds = {n: t.detach().cpu().contiguous().numpy() for n, t in zip(names, tensors)}
     got = sess.run(None, feeds)
     if len(got) != len(want):

@@ -183,8 +183,11 @@ def register_torchscript_symbolics(lib: Library) -> None:
 
 
 def custom_opsets() -> dict[str, int]:
+    """The custom domain versions to tell the TorchScript exporter. It assumes version 1 for a
+    domain it is not told about, and warns about every domain it is told about that the model
+    does not use; so only versions above 1 are listed."""
     out: dict[str, int] = {}
     for op in all_ops():
-        if op.export_kind == "custom":
+        if op.export_kind == "custom" and op.since_version > 1:
             out[op.onnx_domain] = max(out.get(op.onnx_domain, 1), op.since_version)
     return out

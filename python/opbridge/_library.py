@@ -97,6 +97,14 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
     manifest = _read_manifest(torch_path)
     if manifest["errors"]:
         raise OpbridgeError(f"{torch_path.name}: invalid op definitions: " + "; ".join(manifest["errors"]))
+    for other in _libraries:
+        # ONNX Runtime takes one custom-op domain once per session: two libraries in one domain
+        # would make every session fail.
+        if other.onnx_domain == manifest["onnx_domain"]:
+            raise OpbridgeError(
+                f"{torch_path.name}: ONNX domain '{manifest['onnx_domain']}' is already used by op library "
+                f"'{other.name}' ({other.torch_path}); give each op library its own ONNX_DOMAIN"
+            )
     if ort_path is None:
         candidate = torch_path.with_name(torch_path.name.replace("_torch.so", "_ort.so"))
         ort_path = candidate if candidate.exists() else None

@@ -9,7 +9,7 @@ suite, derived from the op's spec:
     missing / wrong-typed attributes), each followed by a good run to show the process survived.
 
     from opbridge.testing import OpCase, Sample, op_test_suite
-    TestScale = op_test_suite(OpCase("scale", reference=lambda x, s=1.0: x * s, samples=[...]))
+    Test<Op> = op_test_suite(OpCase("<op>", reference=<numpy function>, samples=[Sample(...), ...]))
 """
 
 from __future__ import annotations

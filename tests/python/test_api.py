@@ -152,3 +152,64 @@ def test_misspelled_attribute_is_caught_by_the_checker_not_onnxruntime():
     m = node_model(opbridge.builtin.op("dual_residual"), [x, x], {}, raw_attrs=[helper.make_attribute("alhpa", 0.5)])
     with pytest.raises(onnx.checker.ValidationError, match="Unrecognized attribute: alhpa for operator DualResidual"):
         onnx.checker.check_model(m, full_check=True)
+
+
+class WithKwargs(torch.nn.Module):
+    def forward(self, a, scale: int, *, b):
+        return torch.ops.opbridge.my_add(a, b) * scale
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_keyword_and_non_tensor_arguments(exporter):
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    proto = opbridge.export(WithKwargs(), (a, 3), kwargs={"b": b}, exporter=exporter, input_names=["a", "b"],
+                            dynamic_axes={"a": [0], "b": {0: "a_dim0"}})
+    assert [i.name for i in proto.graph.input] == ["a", "b"]
+    for i in proto.graph.input:
+        assert i.type.tensor_type.shape.dim[0].dim_param, i
+    report = opbridge.verify(WithKwargs(), (a, 3), proto, kwargs={"b": b})
+    assert report.ok, report.table()
+    a6, b6 = torch.randn(6, 3), torch.randn(6, 3)
+    assert opbridge.verify(WithKwargs(), (a6, 3), proto, kwargs={"b": b6}).ok
+
+
+def test_dynamic_axis_errors():
+    args = (torch.ones(2, 3), torch.ones(2, 3))
+    with pytest.raises(opbridge.OpbridgeError, match="input 'a' has rank 2; it has no axis 2"):
+        opbridge.export(MyAdd(), args, input_names=["a", "b"], dynamic_axes={"a": [2]})
+
+
+
+def test_specialized_axis_is_refused():
+    # The model fixes the batch size: exporting with that axis dynamic must not succeed quietly.
+    class Reshape(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.ops.opbridge.my_add(a, b).reshape(2, 3)
+
+    args = (torch.ones(2, 3), torch.ones(2, 3))
+    with pytest.raises(Exception, match="Constraints violated|was asked to be dynamic"):
+        opbridge.export(Reshape(), args, input_names=["a", "b"], dynamic_axes={"a": [0], "b": [0]})
+
+
+def test_dynamo_opset_floor_is_one_line():
+    with pytest.raises(opbridge.OpbridgeError, match="the dynamo exporter writes opset 18 or newer, got opset=17"):
+        opbridge.export(MyAdd(), (torch.ones(2), torch.ones(2)), opset=17)
+    assert opbridge.export(MyAdd(), (torch.ones(2), torch.ones(2)), exporter="torchscript", opset=13).opset_import
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_op_error_during_export_is_the_ops_own_message(exporter):
+    with pytest.raises(opbridge.OpbridgeError, match=r"^opbridge::my_add: input 'a' has dtype int64; expected float32 or float64$"):
+        opbridge.export(MyAdd(), (torch.ones(2, dtype=torch.long), torch.ones(2, dtype=torch.long)), exporter=exporter)
+
+
+def test_verify_nested_outputs():
+    class Nested(torch.nn.Module):
+        def forward(self, x, y):
+            r1, r2 = torch.ops.opbridge.dual_residual(x, y, 0.5)
+            return {"first": r1, "rest": (r2,)}
+
+    args = (torch.randn(3), torch.randn(3))
+    proto = opbridge.export(Nested(), args)
+    report = opbridge.verify(Nested(), args, proto)
+    assert report.ok and len(report.outputs) == 2

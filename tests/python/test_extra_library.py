@@ -140,3 +140,13 @@ def test_dimension_derived_from_a_dynamic_axis_stays_dynamic(exporter):
     for n in (3, 10):
         x = np.arange(n, dtype=np.float32)
         np.testing.assert_array_equal(sess.run(None, {"x": x})[1], x[: n // 2])
+
+
+def test_second_library_in_the_same_domain_is_refused(extra):
+    dup = extra.torch_path.with_name("libextra_dup_torch.so")
+    with pytest.raises(opbridge.OpbridgeError, match="ONNX domain 'com.example.extra' is already used by op library 'extra_ops'"):
+        opbridge.load_library(dup)
+    # Sessions still work: the refused library was never registered with ONNX Runtime.
+    x = np.ones((2, 2), np.float32)
+    proto = opbridge.export(Axpy(), (torch.from_numpy(x),))
+    assert opbridge.session(proto).run(None, {proto.graph.input[0].name: x})[0].tolist() == [[1.5, 1.5]] * 2
