@@ -23,8 +23,6 @@ from ._library import OpbridgeError, libraries
 
 EXPORTERS = ("dynamo", "torchscript")
 DEFAULT_TORCHSCRIPT_OPSET = 17
-
-
 # The dynamo exporter writes ai.onnx opset 18 or newer (onnxscript converts down no further).
 MIN_DYNAMO_OPSET = 18
 
@@ -49,8 +47,10 @@ def export(
 
     input_names name the model's tensor inputs in order (positional, then keyword arguments).
     dynamic_axes: {"input name": {axis: "dim name"}} (or [axis, ...]); those axes stay symbolic in
-    the ONNX model — export fails if the model fixes one of them. For inputs nested in
-    containers, the dynamo exporter also takes torch.export's own `dynamic_shapes`.
+    the ONNX model, and export fails if the exported graph fixes one of them (the dynamo
+    exporter also refuses a model that specializes on such a size; the TorchScript exporter
+    cannot tell). For inputs nested in containers, the dynamo exporter also takes
+    torch.export's own `dynamic_shapes`.
     """
     if exporter not in EXPORTERS:
         raise OpbridgeError(f"exporter must be one of {', '.join(EXPORTERS)}, got '{exporter}'")
