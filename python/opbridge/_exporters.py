@@ -68,7 +68,7 @@ def _translation(op: OpInfo) -> Callable:
     else:
         opset = onnxscript.values.Opset("", _STANDARD_OPSET_VERSION)
     emit = getattr(opset, op.onnx_type)
-    kinds = {a["name"]: a["kind"] for a in op.attributes}
+    kinds = op.attr_kinds
 
     def translate(*args, **kwargs):
         inputs, attrs = _split_args(op, args, dict(kwargs))
@@ -146,6 +146,9 @@ def _set_output_types(op: OpInfo, inputs: list, attrs: dict, outs: list) -> None
     inputs are not fully typed the outputs stay untyped, as before."""
     from torch.onnx import symbolic_helper as sh
 
+    typed = [(v.type().varyingSizes(), v.type().dtype()) for v in inputs]
+    if any(sizes is None or dtype is None for sizes, dtype in typed):
+        return
     try:
         consts = {}
         for a in op.attributes:
@@ -156,13 +159,8 @@ def _set_output_types(op: OpInfo, inputs: list, attrs: dict, outs: list) -> None
                 consts[a["name"]] = v
         runs = []
         for placeholder in _DYNAMIC_PLACEHOLDERS:
-            metas = []
-            for v in inputs:
-                t = v.type()
-                sizes, dtype = t.varyingSizes(), t.dtype()
-                if sizes is None or dtype is None:
-                    return
-                metas.append(torch.empty([placeholder if d is None else d for d in sizes], dtype=dtype, device="meta"))
+            metas = [torch.empty([placeholder if d is None else d for d in sizes], dtype=dtype, device="meta")
+                     for sizes, dtype in typed]
             results = op.overload(*metas, **consts)
             runs.append([results] if isinstance(results, torch.Tensor) else list(results))
     except Exception:  # untypable here; the exporter copes without types

@@ -40,6 +40,10 @@ class OpInfo:
     checks: list[str]
 
     @property
+    def attr_kinds(self) -> dict[str, str]:
+        return {a["name"]: a["kind"] for a in self.attributes}
+
+    @property
     def overload(self) -> torch._ops.OpOverload:
         ns, name = self.torch_op.split("::")
         return getattr(getattr(torch.ops, ns), name).default

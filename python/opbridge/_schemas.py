@@ -39,12 +39,15 @@ def onnx_attribute_value(kind: str, value):
     return value
 
 
+def onnx_attribute(name: str, kind: str, value) -> AttributeProto:
+    """An attribute of an opbridge kind as an AttributeProto, typed explicitly: make_attribute
+    cannot tell what an empty list holds."""
+    return helper.make_attribute(name, onnx_attribute_value(kind, value), attr_type=ATTRIBUTE_PROTO_TYPES[kind])
+
+
 def _attribute(a: dict) -> defs.OpSchema.Attribute:
     if "default" in a:
-        # Typed explicitly: make_attribute cannot tell what an empty list holds.
-        proto = helper.make_attribute(a["name"], onnx_attribute_value(a["kind"], a["default"]),
-                                      attr_type=ATTRIBUTE_PROTO_TYPES[a["kind"]])
-        return defs.OpSchema.Attribute(a["name"], proto, a["doc"])
+        return defs.OpSchema.Attribute(a["name"], onnx_attribute(a["name"], a["kind"], a["default"]), a["doc"])
     return defs.OpSchema.Attribute(a["name"], _ATTR_TYPES[a["kind"]], a["doc"], required=True)
 
 

@@ -26,7 +26,7 @@ from onnx import TensorProto, helper
 
 from . import _api
 from ._library import OpInfo, all_ops
-from ._schemas import ATTRIBUTE_PROTO_TYPES, onnx_attribute_value
+from ._schemas import onnx_attribute
 
 _NP_TO_ONNX = {
     np.dtype(np.float32): TensorProto.FLOAT,
@@ -165,15 +165,12 @@ def node_model(info: OpInfo, inputs: Sequence[np.ndarray | None], attrs: dict[st
     if n_inputs is not None:
         names = names[:n_inputs]
         graph_inputs = [g for g in graph_inputs if g.name in names]
-    kinds = {a["name"]: a["kind"] for a in info.attributes}
     node = helper.make_node(info.onnx_type, names, [o["name"] for o in info.outputs], domain=info.onnx_domain,
                             name=f"{info.name}_node")
     if raw_attrs is not None:
         node.attribute.extend(raw_attrs)
     else:
-        for k, v in attrs.items():
-            node.attribute.append(helper.make_attribute(k, onnx_attribute_value(kinds[k], v),
-                                                        attr_type=ATTRIBUTE_PROTO_TYPES[kinds[k]]))
+        node.attribute.extend(_node_attributes(info, attrs))
     # Output element types follow the spec: a fixed dtype, or the dtype of an input that shares
     # the type constraint. Shapes are left to shape inference.
     elem = {}
@@ -200,6 +197,11 @@ def node_model(info: OpInfo, inputs: Sequence[np.ndarray | None], attrs: dict[st
     # IR version 10 (ONNX 1.16): new enough for every feature used, old enough for any
     # ONNX Runtime that can load the op library.
     return helper.make_model(graph, opset_imports=imports, ir_version=10)
+
+
+def _node_attributes(info: OpInfo, attrs: dict[str, Any], without: str | None = None) -> list[onnx.AttributeProto]:
+    kinds = info.attr_kinds
+    return [onnx_attribute(k, kinds[k], v) for k, v in attrs.items() if k != without]
 
 
 def _feeds(model: onnx.ModelProto, inputs) -> dict[str, np.ndarray]:
@@ -317,12 +319,10 @@ def op_test_suite(case: OpCase) -> type:
             self.test_eager_matches_reference(samples[0])  # still alive and computing
 
         def _every_attribute_rejects_other_kinds(self, op, sample, arrays, attrs):
-            kinds = {a["name"]: a["kind"] for a in op.attributes}
             feeds_of = lambda m: _feeds(m, [(i["name"], x) for i, x in zip(op.inputs, arrays) if x is not None])
             for a in op.attributes:
                 for wrong in _WRONG_VALUES[a["kind"]]:
-                    raw = [helper.make_attribute(k, onnx_attribute_value(kinds[k], v), attr_type=ATTRIBUTE_PROTO_TYPES[kinds[k]])
-                           for k, v in attrs.items() if k != a["name"]]
+                    raw = _node_attributes(op, attrs, without=a["name"])
                     raw.append(helper.make_attribute(a["name"], wrong))
                     model = node_model(op, arrays, attrs, raw_attrs=raw)
                     match = re.escape(op.torch_op) + rf".*attribute '{a['name']}' must be {re.escape(a['kind'])}, got"
@@ -366,9 +366,7 @@ def op_test_suite(case: OpCase) -> type:
                 required = [a for a in op.attributes if "default" not in a]
                 if not required:
                     pytest.skip("every attribute has a default")
-                kinds = {a["name"]: a["kind"] for a in op.attributes}
-                raw = [helper.make_attribute(k, onnx_attribute_value(kinds[k], v), attr_type=ATTRIBUTE_PROTO_TYPES[kinds[k]])
-                       for k, v in attrs.items() if k != required[0]["name"]]
+                raw = _node_attributes(op, attrs, without=required[0]["name"])
                 match = re.escape(op.torch_op) + r".*required attribute '" + required[0]["name"] + "'"
             else:
                 if not op.attributes:
