@@ -1,0 +1,79 @@
+"""Runs the benchmarks and prints one table of medians and ratios, plus a JSON file.
+
+    bench/run.sh                      # set-up, benchmark-only dependencies, every benchmark
+    bench/run.sh --only knn_query     # one module (bench/bench_knn_query.py)
+    bench/run.sh --quick              # smaller sizes, for a smoke run
+
+Ratios are "peer median / opbridge median": above 1 means opbridge is faster. Benchmarks are
+not tests: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import Row, progress  # noqa: E402
+
+
+def modules() -> list[str]:
+    return sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
+
+
+def table(rows: list[Row]) -> str:
+    lines = [f"{'benchmark':<44} {'implementation':<40} {'median ms':>10} {'min ms':>9} {'ratio':>8}"]
+    for r in rows:
+        first = _first(rows, r.benchmark)
+        ratio = "subject" if r is first else f"{r.median_ms / first.median_ms:.2f}x"
+        lines.append(f"{r.benchmark:<44} {r.impl:<40} {r.median_ms:>10.3f} {r.min_ms:>9.3f} {ratio:>8}"
+                     + (f"  ({r.note})" if r.note else ""))
+    return "\n".join(lines)
+
+
+def _first(rows: list[Row], benchmark: str) -> Row:
+    return next(r for r in rows if r.benchmark == benchmark)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", help="comma-separated benchmark modules: " + ", ".join(modules()))
+    ap.add_argument("--quick", action="store_true", help="small sizes, few repeats (a smoke run)")
+    ap.add_argument("--json", default=str(HERE / "results.json"), help="where to write the results")
+    args = ap.parse_args(argv)
+    names = args.only.split(",") if args.only else modules()
+    unknown = sorted(set(names) - set(modules()))
+    if unknown:
+        ap.error(f"no such benchmark: {', '.join(unknown)} (have: {', '.join(modules())})")
+    rows: list[Row] = []
+    for name in names:
+        progress(f"{name} ...")
+        rows += importlib.import_module(f"bench_{name}").run(args.quick)
+    print(table(rows))
+    print("ratio = median / the first row of its benchmark (opbridge); above 1: opbridge is faster")
+    import torch
+
+    out = {
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch_threads": torch.get_num_threads()},
+        "quick": args.quick,
+        "results": [
+            {"benchmark": r.benchmark, "impl": r.impl, "median_ms": r.median_ms, "min_ms": r.min_ms,
+             "ratio_to_opbridge": r.median_ms / _first(rows, r.benchmark).median_ms, "times_ms": r.times_ms,
+             "note": r.note}
+            for r in rows
+        ],
+    }
+    Path(args.json).write_text(json.dumps(out, indent=2))
+    progress(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
