@@ -325,7 +325,7 @@ Domain& domain() {
   static Domain d = [] {
     Domain d;
     for (const OpSpec& op : registry().ops()) {
-      if (!op.cpu_kernel || op.export_as.kind != ExportSpec::Kind::Custom) continue;
+      if (!op.cpu_kernel) continue;  // ops without a kernel export to standard ops or functions
       std::vector<DType> chosen;
       expand(op, 0, chosen, d.ops);
     }

@@ -231,6 +231,66 @@ void validate_spec(const OpSpec& op) {
     check_expr(op, c.rhs);
   }
   if (op.torch_op.empty()) OB_CHECK(op.cpu_kernel, "op '", op.name, "' has no CPU kernel");
+  check_export(op);
+}
+
+namespace {
+// The kind of a target attribute filled from `from`: a single attribute keeps its kind; several
+// are concatenated into a list of their element kind.
+AttrKind mapped_kind(const OpSpec& op, const ExportAttr& a) {
+  if (a.value) return attr_kind_of(*a.value);
+  OB_CHECK(!a.from.empty(), "export attribute '", a.name, "' maps from no attribute");
+  bool ints = false, floats = false;
+  for (const std::string& f : a.from) {
+    int i = op.attr_index(f);
+    OB_CHECK(i >= 0, "export attribute '", a.name, "' maps from unknown attribute '", f, "'");
+    if (a.from.size() == 1) return op.attrs[i].kind;
+    switch (op.attrs[i].kind) {
+      case AttrKind::Int: case AttrKind::Ints: case AttrKind::Bool: ints = true; break;
+      case AttrKind::Float: case AttrKind::Floats: floats = true; break;
+      case AttrKind::String: OB_CHECK(false, "export attribute '", a.name, "' cannot concatenate string attribute '", f, "'");
+    }
+  }
+  OB_CHECK(!(ints && floats), "export attribute '", a.name, "' concatenates int and float attributes");
+  return ints ? AttrKind::Ints : AttrKind::Floats;
+}
+}  // namespace
+
+void resolve_export(OpSpec& op) {
+  ExportSpec& ex = op.export_as;
+  if (ex.onnx_name.empty()) ex.onnx_name = camel_case(op.name);
+  std::stable_sort(ex.rules.begin(), ex.rules.end(),
+                   [](const ExportRule& a, const ExportRule& b) { return a.min_opset < b.min_opset; });
+  for (ExportRule& r : ex.rules)
+    for (ExportAttr& a : r.attrs) a.kind = mapped_kind(op, a);
+}
+
+void check_export(const OpSpec& op) {
+  const ExportSpec& ex = op.export_as;
+  bool function = !ex.function_body.empty();
+  OB_CHECK(op.cpu_kernel || function || !ex.rules.empty(), "op '", op.name,
+           "' has neither a kernel, an export rule nor a function body: nothing to export");
+  if (function) {
+    OB_CHECK(!op.cpu_kernel && ex.rules.empty(), "op '", op.name,
+             "' is exported as a function and must have no kernel and no other export rule");
+    OB_CHECK(ex.function_opset >= 1, "op '", op.name, "': the function body needs an ai.onnx opset >= 1");
+  }
+  for (size_t k = 0; k < ex.rules.size(); ++k) {
+    const ExportRule& r = ex.rules[k];
+    OB_CHECK(!r.op_type.empty(), "an export rule names no op");
+    OB_CHECK(r.min_opset >= 1, "export rule ", r.op_type, " has min_opset ", r.min_opset);
+    OB_CHECK(k == 0 || ex.rules[k - 1].min_opset < r.min_opset, "two export rules start at opset ", r.min_opset);
+    for (const ExportInput& in : r.inputs) {
+      OB_CHECK(in.name.empty() || op.input_index(in.name) >= 0, "export rule ", r.op_type, " names unknown input '",
+               in.name, "'");
+      if (!in.when.empty()) {
+        int a = op.attr_index(in.when);
+        OB_CHECK(a >= 0 && op.attrs[a].kind == AttrKind::Bool, "export rule ", r.op_type, ": input '", in.name,
+                 "' depends on '", in.when, "', which is not a bool attribute");
+      }
+    }
+    for (const ExportAttr& a : r.attrs) mapped_kind(op, a);
+  }
 }
 
 }  // namespace opbridge

@@ -14,8 +14,8 @@ Registry& registry() {
 }
 
 void Registry::add(OpSpec spec) {
-  if (spec.export_as.onnx_name.empty()) spec.export_as.onnx_name = camel_case(spec.name);
   try {
+    resolve_export(spec);
     validate_spec(spec);
     OB_CHECK(!find(spec.name), "op '", spec.name, "' is registered twice");
   } catch (const Error& e) {
@@ -93,6 +93,67 @@ void value(Json& j, const AttrValue& v) {
     case AttrKind::Bool: j.raw(std::get<bool>(v) ? "true" : "false"); break;
   }
 }
+const char* export_kind(const OpSpec& op) {
+  if (!op.export_as.function_body.empty()) return "function";
+  return op.cpu_kernel ? "custom" : "standard";
+}
+
+// "export": the op's own node (custom/function) and its rules, targets resolved to ONNX names.
+void export_json(Json& j, const LibraryInfo& lib, const OpSpec& op) {
+  const ExportSpec& ex = op.export_as;
+  j.raw(",").key("export").raw("{").key("kind").str(export_kind(op));
+  j.raw(",").key("domain").str(lib.onnx_domain);
+  j.raw(",").key("op_type").str(ex.onnx_name);
+  j.raw(",").key("since_version").num(int64_t{lib.onnx_domain_version});
+  j.raw(",").key("rules");
+  array(j, ex.rules, [&](const ExportRule& r) {
+    std::string domain, type = r.op_type;
+    if (r.library_op) {
+      const OpSpec* target = registry().find(r.op_type);
+      if (!target || !target->cpu_kernel) {
+        registry().add_error("op '" + op.name + "': export rule names library op '" + r.op_type +
+                             "', which this library does not define with a kernel");
+        type = "";
+      } else {
+        domain = lib.onnx_domain;
+        type = target->export_as.onnx_name;
+      }
+    }
+    j.raw("{").key("domain").str(domain).raw(",").key("op_type").str(type);
+    j.raw(",").key("min_opset").num(int64_t{r.min_opset});
+    j.raw(",").key("inputs");
+    if (r.inputs.empty()) {
+      array(j, op.inputs, [&](const InputSpec& in) { j.raw("{").key("name").str(in.name).raw(",").key("when").str("").raw("}"); });
+    } else {
+      array(j, r.inputs, [&](const ExportInput& in) { j.raw("{").key("name").str(in.name).raw(",").key("when").str(in.when).raw("}"); });
+    }
+    j.raw(",").key("attributes");
+    if (!r.maps_attrs) {
+      array(j, op.attrs, [&](const AttrSpec& a) {
+        j.raw("{").key("name").str(a.name).raw(",").key("kind").str(attr_kind_name(a.kind));
+        j.raw(",").key("from").raw("[").str(a.name).raw("]}");
+      });
+    } else {
+      array(j, r.attrs, [&](const ExportAttr& a) {
+        j.raw("{").key("name").str(a.name).raw(",").key("kind").str(attr_kind_name(a.kind));
+        if (a.value) {
+          j.raw(",").key("value");
+          value(j, *a.value);
+        } else {
+          j.raw(",").key("from");
+          array(j, a.from, [&](const std::string& f) { j.str(f); });
+        }
+        j.raw("}");
+      });
+    }
+    j.raw("}");
+  });
+  if (!ex.function_body.empty()) {
+    j.raw(",").key("function").raw("{").key("opset").num(int64_t{ex.function_opset});
+    j.raw(",").key("body").str(ex.function_body).raw("}");
+  }
+  j.raw("}");
+}
 }  // namespace
 
 std::string manifest_json() {
@@ -102,8 +163,6 @@ std::string manifest_json() {
   j.raw(",").key("torch_namespace").str(lib.torch_namespace);
   j.raw(",").key("onnx_domain").str(lib.onnx_domain);
   j.raw(",").key("onnx_domain_version").num(int64_t{lib.onnx_domain_version});
-  j.raw(",").key("errors");
-  array(j, registry().errors(), [&](const std::string& e) { j.str(e); });
   j.raw(",").key("ops");
   array(j, registry().ops(), [&](const OpSpec& op) {
     j.raw("{").key("name").str(op.name);
@@ -111,13 +170,7 @@ std::string manifest_json() {
     j.raw(",").key("defines_torch_op").raw(op.defines_torch_op() ? "true" : "false");
     j.raw(",").key("doc").str(op.doc);
     j.raw(",").key("has_cpu_kernel").raw(op.cpu_kernel ? "true" : "false");
-    const ExportSpec& ex = op.export_as;
-    bool custom = ex.kind == ExportSpec::Kind::Custom;
-    j.raw(",").key("export").raw("{").key("kind").str(custom ? "custom" : "standard");
-    j.raw(",").key("domain").str(custom ? lib.onnx_domain : "");
-    j.raw(",").key("op_type").str(ex.onnx_name);
-    j.raw(",").key("since_version").num(int64_t{custom ? lib.onnx_domain_version : ex.since_version});
-    j.raw("}");
+    export_json(j, lib, op);
     j.raw(",").key("types");
     array(j, op.types, [&](const TypeConstraint& t) {
       j.raw("{").key("name").str(t.name).raw(",").key("dtypes");
@@ -150,6 +203,9 @@ std::string manifest_json() {
     array(j, op.checks, [&](const DimCheck& c) { j.str(c.lhs.str() + " == " + c.rhs.str() + ": " + c.what); });
     j.raw("}");
   });
+  // Last: writing the ops may find errors (an export rule naming a missing op).
+  j.raw(",").key("errors");
+  array(j, registry().errors(), [&](const std::string& e) { j.str(e); });
   j.raw("}");
   return j.str();
 }

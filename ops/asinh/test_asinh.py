@@ -46,6 +46,11 @@ def test_torchscript_export_needs_the_mapping():
     assert [(n.domain, n.op_type) for n in m.graph.node] == [("", "Asinh")]
 
 
+def test_opset_below_the_rule_says_which_opset_it_needs():
+    with pytest.raises(opbridge.OpbridgeError, match=r"aten::asinh: cannot be exported at opset 8: .*Asinh from opset 9"):
+        opbridge.export(AsinhModel(), (torch.ones(2),), exporter="torchscript", opset=8)
+
+
 def test_dynamo_translation_is_opbridges():
     assert torch.ops.aten.asinh.default in opbridge.translation_table()
     m = opbridge.export(AsinhModel(), (torch.ones(2),))

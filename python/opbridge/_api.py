@@ -18,13 +18,26 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from ._exporters import custom_opsets, torchscript_exporter_available, translation_table
+from ._exporters import (
+    ExportOptions,
+    add_functions,
+    custom_opsets,
+    export_options,
+    torchscript_exporter_available,
+    translation_table,
+)
+from ._exporters import _DEFAULT_DYNAMO_OPSET
 from ._library import OpbridgeError, libraries
 
 EXPORTERS = ("dynamo", "torchscript")
 DEFAULT_TORCHSCRIPT_OPSET = 17
 # The dynamo exporter writes ai.onnx opset 18 or newer (onnxscript converts down no further).
 MIN_DYNAMO_OPSET = 18
+
+
+def default_opset(exporter: str) -> int:
+    """The ai.onnx opset `export` writes when none is given."""
+    return _DEFAULT_DYNAMO_OPSET if exporter == "dynamo" else DEFAULT_TORCHSCRIPT_OPSET
 
 
 def export(
@@ -39,6 +52,7 @@ def export(
     dynamic_axes: dict[str, dict[int, str] | list[int]] | None = None,
     dynamic_shapes: Any = None,
     kwargs: dict[str, Any] | None = None,
+    custom_nodes: bool = False,
     check: bool = True,
     verbose: bool = False,
 ) -> onnx.ModelProto:
@@ -51,6 +65,11 @@ def export(
     exporter also refuses a model that specializes on such a size; the TorchScript exporter
     cannot tell). For inputs nested in containers, the dynamo exporter also takes
     torch.export's own `dynamic_shapes`.
+
+    Ops with an export rule to a standard ONNX op (e.g. deform_conv2d as ai.onnx DeformConv
+    from opset 19) use it when the opset allows; custom_nodes=True keeps opbridge's own custom
+    nodes instead, for runtimes that lack the standard op. Ops exported as ONNX functions get
+    their FunctionProto added to the model.
     """
     if exporter not in EXPORTERS:
         raise OpbridgeError(f"exporter must be one of {', '.join(EXPORTERS)}, got '{exporter}'")
@@ -65,8 +84,10 @@ def export(
         if dynamic_shapes is None:
             dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_axes)
         with _quiet(verbose), _op_errors():
+            options = ExportOptions(opset or _DEFAULT_DYNAMO_OPSET, custom_nodes)
             program = torch.onnx.export(model, args, kwargs=kwargs, dynamo=True,
-                                        custom_translation_table=translation_table(), opset_version=opset,
+                                        custom_translation_table=translation_table(options=options),
+                                        opset_version=options.opset,
                                         input_names=names, output_names=outs, dynamic_shapes=dynamic_shapes,
                                         verbose=verbose)
         proto = program.model_proto
@@ -82,11 +103,13 @@ def export(
             # The TorchScript exporter passes everything positionally: bind keywords here.
             model, args = _KeywordsBound(model, args, kwargs), tuple(_tensors((args, kwargs)))
         buf = io.BytesIO()
-        with _quiet(verbose), _op_errors():
+        options = ExportOptions(opset or DEFAULT_TORCHSCRIPT_OPSET, custom_nodes)
+        with _quiet(verbose), _op_errors(), export_options(options):
             torch.onnx.export(model, args, buf, dynamo=False,
-                              opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
+                              opset_version=options.opset, custom_opsets=custom_opsets(),
                               input_names=names, output_names=outs, dynamic_axes=dynamic_axes, verbose=verbose)
         proto = onnx.load_from_string(buf.getvalue())
+    add_functions(proto)
     if dynamic_axes:
         _check_dynamic(proto, dynamic_axes)
     if check:

@@ -9,6 +9,8 @@ op: every rule is built from an OpInfo.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import inspect
 import warnings
 from typing import Any, Callable
@@ -23,6 +25,9 @@ from ._schemas import onnx_attribute_value
 # The standard ops opbridge exports to are written with this opset's onnxscript bindings; the
 # exporter converts the model to the requested opset afterwards.
 _STANDARD_OPSET_VERSION = 20
+_TORCHSCRIPT_BASE_OPSET = 9
+# What torch.onnx.export(dynamo=True) writes when no opset is given.
+_DEFAULT_DYNAMO_OPSET = 20
 
 
 def torchscript_exporter_available() -> bool:
@@ -39,17 +44,104 @@ def _split_args(op: OpInfo, args: tuple, kwargs: dict) -> tuple[list[Any], dict[
     return inputs, attrs
 
 
-def _trim_optional(op: OpInfo, inputs: list[Any], is_none: Callable[[Any], bool]) -> list[Any]:
-    # An omitted optional input is exported as an omitted trailing input, never a dangling name.
-    while inputs and is_none(inputs[-1]):
-        inputs.pop()
-    for spec, v in zip(op.inputs, inputs):
-        if is_none(v):
-            raise OpbridgeError(
-                f"{op.torch_op}: optional input '{spec['name']}' is omitted but a later input is given; "
-                "ONNX export supports omitting trailing optional inputs only"
-            )
-    return inputs
+@dataclasses.dataclass(frozen=True)
+class ExportOptions:
+    """What one export call asks for: the target ai.onnx opset, and whether ops with a kernel
+    keep their own custom node even where a standard op could be written (for runtimes without
+    that standard op)."""
+
+    opset: int
+    custom_nodes: bool = False
+
+
+# Set by opbridge.export() for the TorchScript exporter, whose symbolics are registered once.
+_current = ExportOptions(opset=17)
+
+
+@contextlib.contextmanager
+def export_options(options: ExportOptions):
+    global _current
+    saved, _current = _current, options
+    try:
+        yield
+    finally:
+        _current = saved
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    domain: str  # "" for ai.onnx
+    op_type: str
+    version: int  # domain version for custom domains; ai.onnx: the rule's min_opset
+    inputs: list[dict[str, str]]
+    attributes: list[dict[str, Any]]
+
+
+def _own_node(op: OpInfo) -> _Target:
+    return _Target(op.onnx_domain, op.onnx_type, op.since_version,
+                   [{"name": i["name"], "when": ""} for i in op.inputs],
+                   [{"name": a["name"], "kind": a["kind"], "from": [a["name"]]} for a in op.attributes])
+
+
+def choose_target(op: OpInfo, options: ExportOptions) -> _Target:
+    """Which node writes `op` at this opset: the applicable rule with the highest min_opset, the
+    op's own node (a kernel: from opset 1; a function: from the opset its body needs) counting
+    as a rule. With custom_nodes, rules to standard ai.onnx ops are passed over."""
+    candidates: list[tuple[int, _Target]] = []
+    if op.export_kind == "custom":
+        candidates.append((1, _own_node(op)))
+    elif op.export_kind == "function":
+        candidates.append((op.function["opset"], _own_node(op)))
+    for r in op.export_rules:
+        candidates.append((r["min_opset"], _Target(r["domain"], r["op_type"], r["min_opset"], r["inputs"], r["attributes"])))
+    usable = [(v, t) for v, t in candidates if v <= options.opset and not (options.custom_nodes and t.domain == "" and
+                                                                           op.export_kind == "custom")]
+    if not usable:
+        lowest = min(v for v, _ in candidates)
+        what = ", ".join(f"{t.domain + '::' if t.domain else 'ai.onnx '}{t.op_type} from opset {v}" for v, t in candidates)
+        raise OpbridgeError(f"{op.torch_op}: cannot be exported at opset {options.opset}: it is written as {what}; "
+                            f"export with opset >= {lowest}")
+    return max(usable, key=lambda vt: vt[0])[1]
+
+
+def _attr_value(op: OpInfo, attrs: dict[str, Any], name: str):
+    v = attrs.get(name)
+    if v is None:
+        spec = next(a for a in op.attributes if a["name"] == name)
+        v = spec.get("default")
+    return v
+
+
+def _map_call(op: OpInfo, target: _Target, inputs: list[Any], attrs: dict[str, Any], is_none: Callable[[Any], bool]):
+    """The op's call arguments as the target node's (inputs with None for empty slots, typed
+    attributes {name: (kind, value)})."""
+    by_name = {i["name"]: v for i, v in zip(op.inputs, inputs)}
+    out_inputs = []
+    for slot in target.inputs:
+        v = by_name.get(slot["name"]) if slot["name"] else None
+        if v is not None and is_none(v):
+            v = None
+        if v is not None and slot["when"] and not _attr_value(op, attrs, slot["when"]):
+            v = None
+        out_inputs.append(v)
+    while out_inputs and out_inputs[-1] is None:  # omitted trailing inputs are simply left off
+        out_inputs.pop()
+    out_attrs: dict[str, tuple[str, Any]] = {}
+    for a in target.attributes:
+        if "value" in a:
+            out_attrs[a["name"]] = (a["kind"], a["value"])
+            continue
+        values = [_attr_value(op, attrs, f) for f in a["from"]]
+        if any(v is None for v in values):
+            continue  # left to the target's default; the checker reports a missing required one
+        if len(values) == 1:
+            out_attrs[a["name"]] = (a["kind"], values[0])
+        else:
+            flat: list = []
+            for v in values:
+                flat += list(v) if isinstance(v, (list, tuple)) else [int(v) if isinstance(v, bool) else v]
+            out_attrs[a["name"]] = (a["kind"], flat)
+    return out_inputs, out_attrs
 
 
 # ---- dynamo=True ------------------------------------------------------------------------------
@@ -62,20 +154,14 @@ def _typed_attr(name: str, kind: str, value):
     return value
 
 
-def _translation(op: OpInfo) -> Callable:
-    if op.export_kind == "custom":
-        opset = onnxscript.values.Opset(op.onnx_domain, op.since_version)
-    else:
-        opset = onnxscript.values.Opset("", _STANDARD_OPSET_VERSION)
-    emit = getattr(opset, op.onnx_type)
-    kinds = op.attr_kinds
-
+def _translation(op: OpInfo, options: ExportOptions) -> Callable:
     def translate(*args, **kwargs):
+        target = choose_target(op, options)
         inputs, attrs = _split_args(op, args, dict(kwargs))
-        inputs = _trim_optional(op, inputs, lambda v: v is None)
-        onnx_attrs = {k: _typed_attr(k, kinds[k], onnx_attribute_value(kinds[k], v)) for k, v in attrs.items()
-                      if v is not None}
-        return emit(*inputs, **onnx_attrs)
+        inputs, onnx_attrs = _map_call(op, target, inputs, attrs, lambda v: v is None)
+        version = target.version if target.domain else max(_STANDARD_OPSET_VERSION, options.opset)
+        emit = getattr(onnxscript.values.Opset(target.domain, version), target.op_type)
+        return emit(*inputs, **{k: _typed_attr(k, kind, onnx_attribute_value(kind, v)) for k, (kind, v) in onnx_attrs.items()})
 
     # The exporter matches the torch op's arguments to this signature.
     P = inspect.Parameter
@@ -94,9 +180,12 @@ def _translation(op: OpInfo) -> Callable:
     return translate
 
 
-def translation_table(ops: list[OpInfo] | None = None) -> dict[torch._ops.OpOverload, Callable]:
-    """custom_translation_table entries for every loaded op (or the given ones)."""
-    return {op.overload: _translation(op) for op in (all_ops() if ops is None else ops)}
+def translation_table(ops: list[OpInfo] | None = None, options: ExportOptions | None = None
+                      ) -> dict[torch._ops.OpOverload, Callable]:
+    """custom_translation_table entries for every loaded op (or the given ones) whose PyTorch op
+    exists in this process."""
+    options = options or ExportOptions(opset=_DEFAULT_DYNAMO_OPSET)
+    return {op.overload: _translation(op, options) for op in (all_ops() if ops is None else ops) if op.available}
 
 
 # ---- dynamo=False -----------------------------------------------------------------------------
@@ -107,13 +196,12 @@ _ATTR_SUFFIX = {"int": "i", "bool": "i", "float": "f", "str": "s", "int[]": "i",
 def _symbolic(op: OpInfo) -> Callable:
     from torch.onnx import symbolic_helper as sh
 
-    node = f"{op.onnx_domain}::{op.onnx_type}" if op.export_kind == "custom" else op.onnx_type
     n_out = len(op.outputs)
 
     def symbolic(g, *args):
+        target = choose_target(op, _current)
         inputs, attrs = _split_args(op, args, {})
-        inputs = _trim_optional(op, inputs, lambda v: v is None or sh._is_none(v))
-        kw = {}
+        consts = {}
         for a in op.attributes:
             v = attrs.get(a["name"])
             if isinstance(v, torch._C.Value):
@@ -125,12 +213,24 @@ def _symbolic(op: OpInfo) -> Callable:
             if isinstance(v, torch.Tensor):
                 v = v.tolist()
             if v is not None:
-                kw[f"{a['name']}_{_ATTR_SUFFIX[a['kind']]}"] = onnx_attribute_value(a["kind"], v)
-        outs = g.op(node, *inputs, outputs=n_out, **kw)
-        _set_output_types(op, inputs, attrs, [outs] if n_out == 1 else list(outs))
+                consts[a["name"]] = v
+        is_none = lambda v: v is None or sh._is_none(v)  # noqa: E731
+        node_inputs, node_attrs = _map_call(op, target, inputs, consts, is_none)
+        node_inputs = [_none_value(g) if v is None else v for v in node_inputs]
+        kw = {f"{k}_{_ATTR_SUFFIX[kind]}": onnx_attribute_value(kind, v) for k, (kind, v) in node_attrs.items()}
+        name = f"{target.domain}::{target.op_type}" if target.domain else target.op_type
+        outs = g.op(name, *node_inputs, outputs=n_out, **kw)
+        _set_output_types(op, [None if is_none(v) else v for v in inputs], consts, [outs] if n_out == 1 else list(outs))
         return outs
 
     return symbolic
+
+
+def _none_value(g):
+    # A None-typed value: the TorchScript exporter writes it as an empty input name.
+    v = g.op("prim::Constant")
+    v.setType(torch._C.NoneType.get())
+    return v
 
 
 # Stand in for dynamic dimensions when the Meta kernel types a TorchScript node: one value for
@@ -139,28 +239,20 @@ def _symbolic(op: OpInfo) -> Callable:
 _DYNAMIC_PLACEHOLDERS = (9973, 9967)
 
 
-def _set_output_types(op: OpInfo, inputs: list, attrs: dict, outs: list) -> None:
+def _set_output_types(op: OpInfo, inputs: list, consts: dict, outs: list) -> None:
     """Types the node's outputs by running the op's Meta kernel (the spec's shape rule) on the
-    traced input types, so the TorchScript exporter's shape inference knows them. Output
-    dimensions that follow a dynamic input dimension stay dynamic. Best effort: where the
-    inputs are not fully typed the outputs stay untyped, as before."""
-    from torch.onnx import symbolic_helper as sh
-
-    typed = [(v.type().varyingSizes(), v.type().dtype()) for v in inputs]
-    if any(sizes is None or dtype is None for sizes, dtype in typed):
+    traced input types (None: an absent optional input), so the TorchScript exporter's shape
+    inference knows them. Output dimensions that follow a dynamic input dimension stay
+    dynamic. Best effort: where the inputs are not fully typed the outputs stay untyped."""
+    typed = [None if v is None else (v.type().varyingSizes(), v.type().dtype()) for v in inputs]
+    if any(t is not None and (t[0] is None or t[1] is None) for t in typed):
         return
     try:
-        consts = {}
-        for a in op.attributes:
-            v = attrs.get(a["name"])
-            if isinstance(v, torch._C.Value):
-                v = None if sh._is_none(v) else sh._maybe_get_const(v, _CONST_KIND[a["kind"]])
-            if v is not None:
-                consts[a["name"]] = v
         runs = []
         for placeholder in _DYNAMIC_PLACEHOLDERS:
-            metas = [torch.empty([placeholder if d is None else d for d in sizes], dtype=dtype, device="meta")
-                     for sizes, dtype in typed]
+            metas = [None if t is None else
+                     torch.empty([placeholder if d is None else d for d in t[0]], dtype=t[1], device="meta")
+                     for t in typed]
             results = op.overload(*metas, **consts)
             runs.append([results] if isinstance(results, torch.Tensor) else list(results))
     except Exception:  # untypable here; the exporter copes without types
@@ -176,8 +268,10 @@ def register_torchscript_symbolics(lib: Library) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation notice, once per op
         for op in lib.ops:
-            opset = op.since_version if op.export_kind == "standard" else 1
-            torch.onnx.register_custom_op_symbolic(op.torch_op, _symbolic(op), opset)
+            # One symbolic for every opset: registered at the exporter's base opset (9), which
+            # its registry also serves to older targets. Below an op's lowest rule the
+            # symbolic says which opset it needs.
+            torch.onnx.register_custom_op_symbolic(op.torch_op, _symbolic(op), _TORCHSCRIPT_BASE_OPSET)
 
 
 def custom_opsets() -> dict[str, int]:
@@ -186,6 +280,49 @@ def custom_opsets() -> dict[str, int]:
     does not use; so only versions above 1 are listed."""
     out: dict[str, int] = {}
     for op in all_ops():
-        if op.export_kind == "custom" and op.since_version > 1:
+        if op.has_own_node and op.since_version > 1:
             out[op.onnx_domain] = max(out.get(op.onnx_domain, 1), op.since_version)
     return out
+
+
+# ---- ONNX functions ---------------------------------------------------------------------------
+def function_proto(op: OpInfo, opset: int) -> "onnx.FunctionProto":
+    """The FunctionProto of a function op, its body importing ai.onnx at `opset` (a model's
+    functions must import the opsets the model imports)."""
+    import onnx.parser
+
+    if opset < op.function["opset"]:
+        raise OpbridgeError(f"{op.torch_op}: its ONNX function needs ai.onnx opset >= {op.function['opset']}, "
+                            f"the model imports {opset}")
+    attrs = f"<{', '.join(a['name'] for a in op.attributes)}>" if op.attributes else ""
+    text = (f'<domain: "{op.onnx_domain}", opset_import: ["" : {opset}]>\n'
+            f"{op.onnx_type} {attrs} ({', '.join(i['name'] for i in op.inputs)}) => "
+            f"({', '.join(o['name'] for o in op.outputs)})\n{{\n{op.function['body']}\n}}")
+    try:
+        return onnx.parser.parse_function(text)
+    except Exception as e:  # a body that does not parse is the op author's error: say whose
+        raise OpbridgeError(f"{op.torch_op}: its ONNX function body does not parse: {e}") from None
+
+
+def _node_types(graph) -> set[tuple[str, str]]:
+    found = set()
+    for node in graph.node:
+        found.add((node.domain, node.op_type))
+        for a in node.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                found |= _node_types(g)
+    return found
+
+
+def add_functions(model) -> None:
+    """Adds the FunctionProto of every function op the model uses (in place)."""
+    used = _node_types(model.graph)
+    have = {(f.domain, f.name) for f in model.functions}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    for op in all_ops():
+        key = (op.onnx_domain, op.onnx_type)
+        if op.export_kind != "function" or key not in used or key in have:
+            continue
+        model.functions.append(function_proto(op, opset))
+        if not any(o.domain == op.onnx_domain for o in model.opset_import):
+            model.opset_import.add(domain=op.onnx_domain, version=op.since_version)

@@ -28,10 +28,14 @@ class OpInfo:
     torch_op: str  # "<namespace>::<name>", or an existing op such as "aten::<name>"
     defines_torch_op: bool
     doc: str
-    export_kind: str  # "custom" | "standard"
-    onnx_domain: str
+    export_kind: str  # "custom" (own node + kernel) | "standard" (rules only) | "function"
+    onnx_domain: str  # the op's own node: library domain, type and version
     onnx_type: str
     since_version: int
+    # Export rules by ascending ai.onnx opset: {"domain", "op_type", "min_opset", "inputs":
+    # [{"name", "when"}], "attributes": [{"name", "kind", "from" | "value"}]}.
+    export_rules: list[dict[str, Any]]
+    function: dict[str, Any] | None  # {"opset", "body"} for export_kind == "function"
     types: dict[str, list[str]]  # constraint -> dtype names
     onnx_types: dict[str, list[str]]  # constraint -> "tensor(float)", ...
     inputs: list[dict[str, Any]]
@@ -47,6 +51,21 @@ class OpInfo:
     def overload(self) -> torch._ops.OpOverload:
         ns, name = self.torch_op.split("::")
         return getattr(getattr(torch.ops, ns), name).default
+
+    @property
+    def available(self) -> bool:
+        """Whether PyTorch has the op now (a mapped op of another library, e.g. torchvision's,
+        exists only once that library is imported)."""
+        ns, name = self.torch_op.split("::")
+        try:
+            return hasattr(getattr(torch.ops, ns), name)
+        except (AttributeError, RuntimeError):
+            return False
+
+    @property
+    def has_own_node(self) -> bool:
+        """Exported (at some opset) as a node of the library's domain: a kernel or a function."""
+        return self.export_kind in ("custom", "function")
 
 
 @dataclasses.dataclass
@@ -133,6 +152,8 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
                 onnx_domain=ex["domain"],
                 onnx_type=ex["op_type"],
                 since_version=ex["since_version"],
+                export_rules=ex["rules"],
+                function=ex.get("function"),
                 types={t["name"]: t["dtypes"] for t in m["types"]},
                 onnx_types={t["name"]: t["onnx"] for t in m["types"]},
                 inputs=m["inputs"],

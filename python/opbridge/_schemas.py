@@ -74,7 +74,7 @@ def schema_for(op: OpInfo) -> defs.OpSchema:
 
 def register(lib: Library) -> None:
     for op in lib.ops:
-        if op.export_kind != "custom":
+        if not op.has_own_node:
             continue
         if defs.has(op.onnx_type, op.since_version, op.onnx_domain):
             continue  # registered by an earlier load in this process

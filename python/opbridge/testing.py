@@ -25,6 +25,7 @@ import torch
 from onnx import TensorProto, helper
 
 from . import _api
+from ._exporters import ExportOptions, choose_target
 from ._library import OpInfo, all_ops
 from ._schemas import onnx_attribute
 
@@ -125,14 +126,20 @@ class OpModule(torch.nn.Module):
         return self.overload(*args, **self.attrs)
 
 
-def _export(case: OpCase, sample: Sample, exporter: str, dynamic_axes=None):
+def _export(case: OpCase, sample: Sample, exporter: str, dynamic_axes=None, custom_nodes: bool = False):
     info = case.info
     present = [t is not None for t in sample.inputs]
     tensors = tuple(t for t in sample.inputs if t is not None)
     names = [i["name"] for i, p in zip(info.inputs, present) if p]
     model = OpModule(info, sample.attrs, present).eval()
-    proto = _api.export(model, tensors, exporter=exporter, input_names=names, dynamic_axes=dynamic_axes)
+    proto = _api.export(model, tensors, exporter=exporter, input_names=names, dynamic_axes=dynamic_axes,
+                        custom_nodes=custom_nodes)
     return model, tensors, proto
+
+
+def _expected_node(info: OpInfo, exporter: str, custom_nodes: bool = False) -> tuple[str, str]:
+    t = choose_target(info, ExportOptions(_api.default_opset(exporter), custom_nodes))
+    return t.domain, t.op_type
 
 
 def _reference_outputs(case: OpCase, sample: Sample) -> list[np.ndarray]:
@@ -272,7 +279,21 @@ def op_test_suite(case: OpCase) -> type:
             if sample.no_onnxruntime:
                 pytest.skip(sample.no_onnxruntime)  # exported and checked above
             types = {(n.domain, n.op_type) for n in proto.graph.node}
+            assert _expected_node(info(), exporter) in types, f"exported graph has {types}"
+            report = _api.verify(model, tensors, proto, rtol=case.rtol, atol=case.atol)
+            assert report.ok, "\n" + report.table()
+
+        @pytest.mark.parametrize("exporter", _api.EXPORTERS)
+        def test_export_custom_nodes_on_request(self, exporter):
+            # An op with its own kernel and a rule to a standard op: custom_nodes=True keeps the
+            # opbridge node (for runtimes without the standard op), at any opset.
+            if info().export_kind != "custom" or not any(r["domain"] == "" for r in info().export_rules):
+                pytest.skip("no standard-op rule to pass over")
+            sample = next((s for s in samples if not s.no_onnxruntime), samples[0])
+            model, tensors, proto = _export(case, sample, exporter, custom_nodes=True)
+            types = {(n.domain, n.op_type) for n in proto.graph.node}
             assert (info().onnx_domain, info().onnx_type) in types, f"exported graph has {types}"
+            assert not any(r["op_type"] == t for r in info().export_rules for _, t in types)
             report = _api.verify(model, tensors, proto, rtol=case.rtol, atol=case.atol)
             assert report.ok, "\n" + report.table()
 
@@ -282,7 +303,8 @@ def op_test_suite(case: OpCase) -> type:
 
             sample = samples[0]
             _, tensors, proto = _export(case, sample, exporter)
-            new_ops = [_reference_op_class(case)] if info().export_kind == "custom" else []
+            own = (info().onnx_domain, info().onnx_type) == _expected_node(info(), exporter)
+            new_ops = [_reference_op_class(case)] if own and info().export_kind == "custom" else []
             ref = ReferenceEvaluator(proto, new_ops=new_ops)
             feeds = {i.name: _np(t) for i, t in zip(proto.graph.input, tensors)}
             got = ref.run(None, feeds)

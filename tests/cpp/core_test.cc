@@ -43,7 +43,9 @@ TEST(Registry, BuiltinOpsAreValidAndComplete) {
   for (const char* name : {"my_add", "dual_residual", "foo", "asinh"}) EXPECT_NE(registry().find(name), nullptr) << name;
   EXPECT_EQ(registry().find("my_add")->export_as.onnx_name, "MyAdd");
   EXPECT_EQ(registry().find("asinh")->export_as.onnx_name, "Asinh");
-  EXPECT_EQ(registry().find("asinh")->export_as.kind, ExportSpec::Kind::Standard);
+  ASSERT_EQ(registry().find("asinh")->export_as.rules.size(), 1u);
+  EXPECT_EQ(registry().find("asinh")->export_as.rules[0].op_type, "Asinh");
+  EXPECT_EQ(registry().find("asinh")->export_as.rules[0].min_opset, 9);
 }
 
 TEST(Registry, ManifestNamesEveryOp) {

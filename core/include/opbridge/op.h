@@ -3,6 +3,8 @@
 #pragma once
 
 #include <initializer_list>
+#include <optional>
+#include <vector>
 #include <string>
 #include <utility>
 
@@ -11,6 +13,52 @@
 #include "opbridge/registry.h"
 
 namespace opbridge {
+
+// An export rule (see ExportRule): ExportTo("DeformConv", 19).attr("pads", {"padding", "padding"}).
+class ExportTo {
+ public:
+  ExportTo(std::string onnx_type, int min_opset) {
+    rule_.op_type = std::move(onnx_type);
+    rule_.min_opset = min_opset;
+  }
+  // The node of another op of this library (by its snake_case name), from `min_opset` on.
+  static ExportTo library_op(std::string op_name, int min_opset = 1) {
+    ExportTo t(std::move(op_name), min_opset);
+    t.rule_.library_op = true;
+    return t;
+  }
+  // The target's inputs in order, as this op's input names; "" for an empty slot.
+  ExportTo& inputs(std::vector<std::string> names) {
+    rule_.inputs.clear();
+    for (std::string& n : names) rule_.inputs.push_back({std::move(n), {}});
+    return *this;
+  }
+  // Writes `input` only when this op's bool attribute `flag` is true (else an empty slot).
+  ExportTo& input_when(const std::string& input, std::string flag) {
+    for (ExportInput& in : rule_.inputs)
+      if (in.name == input) in.when = std::move(flag);
+    return *this;
+  }
+  // Target attribute `name` = this op's attributes `from`, concatenated into a list when several.
+  ExportTo& attr(std::string name, std::vector<std::string> from) { return add({std::move(name), std::move(from), std::nullopt}); }
+  ExportTo& attr_int(std::string name, int64_t v) { return add({std::move(name), {}, AttrValue{v}}); }
+  ExportTo& attr_float(std::string name, double v) { return add({std::move(name), {}, AttrValue{v}}); }
+  ExportTo& attr_string(std::string name, std::string v) { return add({std::move(name), {}, AttrValue{std::move(v)}}); }
+  // Writes no attribute of this op unless mapped above.
+  ExportTo& no_attrs() {
+    rule_.maps_attrs = true;
+    return *this;
+  }
+  ExportRule build() && { return std::move(rule_); }
+
+ private:
+  ExportTo& add(ExportAttr a) {
+    rule_.maps_attrs = true;
+    rule_.attrs.push_back(std::move(a));
+    return *this;
+  }
+  ExportRule rule_;
+};
 
 class OpBuilder {
  public:
@@ -59,9 +107,19 @@ class OpBuilder {
   }
   OpBuilder& cpu(KernelFn fn) { spec_.cpu_kernel = fn; return *this; }
 
-  // Export to a standard ai.onnx op (available from `min_opset`) instead of a custom node.
-  OpBuilder& export_standard(std::string onnx_name, int min_opset) {
-    spec_.export_as = {ExportSpec::Kind::Standard, "", std::move(onnx_name), min_opset};
+  // Export as a standard ai.onnx op from `min_opset` on, inputs and attributes as they are; an
+  // op with a kernel keeps its own node below that opset (and on request, see opbridge.export).
+  OpBuilder& export_standard(std::string onnx_type, int min_opset) { return export_as(ExportTo(std::move(onnx_type), min_opset)); }
+  // Export as another op, with inputs and attributes mapped: see ExportTo.
+  OpBuilder& export_as(ExportTo rule) {
+    spec_.export_as.rules.push_back(std::move(rule).build());
+    return *this;
+  }
+  // Export as an ONNX function in the library's domain, needing ai.onnx `min_opset`: the body is
+  // ONNX textual syntax over the op's input and output names, e.g. "y = Relu (x)".
+  OpBuilder& export_function(int min_opset, std::string body) {
+    spec_.export_as.function_opset = min_opset;
+    spec_.export_as.function_body = std::move(body);
     return *this;
   }
   // The op already exists in PyTorch ("aten::<name>"); opbridge only adds its export rule.

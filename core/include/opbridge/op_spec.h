@@ -111,15 +111,40 @@ struct OutputSpec {
   ShapeRule shape;
 };
 
-// How the exporters write the op into an ONNX graph.
+// How the exporters write the op into an ONNX graph. An op with a CPU kernel is exported as a
+// node of its library's domain (run by the library's ONNX Runtime custom op) unless a rule
+// below applies; an op without one needs a rule or a function body.
+//
+// A rule writes the op as another op: a standard ai.onnx op from `min_opset` on (DeformConv from
+// 19, Resize from 11), or a custom op of this library (an existing PyTorch op with another
+// signature, such as torchvision::deform_conv2d, written as the library's own node). Inputs and
+// attributes are mapped by name, so the two signatures need not agree.
+struct ExportInput {
+  std::string name;  // an input of this op; "" writes an empty (omitted) slot
+  std::string when;  // a bool attribute of this op; the input is written only when it is true
+};
+struct ExportAttr {
+  std::string name;               // the target op's attribute
+  std::vector<std::string> from;  // this op's attributes, concatenated (scalars and lists) ...
+  std::optional<AttrValue> value; // ... or a constant
+  AttrKind kind = AttrKind::Int;  // filled in by validate_spec
+};
+struct ExportRule {
+  std::string op_type;            // ai.onnx op type, or (library_op) the snake_case name of a library op
+  bool library_op = false;
+  int min_opset = 1;              // ai.onnx opset version from which the rule applies
+  std::vector<ExportInput> inputs;  // empty: this op's inputs, in order
+  std::vector<ExportAttr> attrs;    // empty: this op's attributes as they are
+  bool maps_attrs = false;          // true once an attribute mapping is given (even to none)
+};
+
 struct ExportSpec {
-  enum class Kind : int8_t {
-    Custom,    // a node of the library's domain, run by the opbridge ONNX Runtime library
-    Standard,  // a standard ai.onnx op (e.g. an ATen op with a missing or replaced mapping)
-  } kind = Kind::Custom;
-  std::string onnx_domain;  // Custom: the library's domain; Standard: "" (ai.onnx)
-  std::string onnx_name;    // Custom: CamelCase of the op name unless set
-  int since_version = 1;    // Custom: the op's version in its domain; Standard: minimum opset
+  std::string onnx_name;          // the op's own ONNX type: CamelCase of the op name unless set
+  std::vector<ExportRule> rules;  // by ascending min_opset
+  // An ONNX function (FunctionProto, in the library's domain) instead of a kernel: the body in
+  // ONNX's textual syntax (onnx.parser), over the op's input and output names.
+  std::string function_body;
+  int function_opset = 0;         // ai.onnx opset the body needs at least
 };
 
 struct OpSpec {

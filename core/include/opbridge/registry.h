@@ -40,6 +40,9 @@ Registry& registry();
 
 // Throws Error naming the problem when the spec is inconsistent; used by Registry::add.
 void validate_spec(const OpSpec& spec);
+// Fills what the export mapping derives (the op's ONNX name, rule order, mapped attribute kinds).
+void resolve_export(OpSpec& spec);
+void check_export(const OpSpec& spec);
 
 // The JSON contract between the C++ side and the Python export glue: the library, then every
 // op with its ONNX name, types, inputs, attributes, outputs and export mapping.
