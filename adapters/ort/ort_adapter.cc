@@ -184,6 +184,13 @@ class OrtKernelContextAdapter final : public KernelContext {
       }
     }
   };
+  void* allocate(size_t i, DType, const Shape& shape) override {
+    OrtValue* out = nullptr;
+    check(g_api->KernelContext_GetOutput(const_cast<OrtKernelContext*>(ort_), i, shape.data(), shape.size(), &out));
+    void* data = nullptr;
+    check(g_api->GetTensorMutableData(out, &data));
+    return data;
+  }
   const OrtKernelContext* ort_;
 };
 
@@ -215,6 +222,10 @@ void compute(const Kernel& k, OrtKernelContext* ctx) {
   std::vector<TensorView> outputs;
   for (size_t i = 0; i < op.outputs.size(); ++i) {
     const Shape& s = call.output_shapes[i];
+    if (op.outputs[i].data_dependent()) {  // allocated by the kernel (allocate_output)
+      outputs.push_back(TensorView{nullptr, call.output_dtypes[i], s, {}, Device::CPU});
+      continue;
+    }
     OrtValue* out = nullptr;
     check(g_api->KernelContext_GetOutput(ctx, i, s.data(), s.size(), &out));
     void* data = nullptr;
@@ -223,6 +234,7 @@ void compute(const Kernel& k, OrtKernelContext* ctx) {
   }
   OrtKernelContextAdapter kctx(ctx, op, inputs, std::move(outputs), k.attrs);
   op.cpu_kernel(kctx);
+  kctx.check_outputs_allocated();
 }
 
 // Runs f, turning any exception into a failed status that names the op (and node).

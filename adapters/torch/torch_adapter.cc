@@ -147,10 +147,21 @@ AttrValue to_attr(const AttrSpec& a, const c10::IValue& v) {
 
 class TorchKernelContext final : public KernelContext {
  public:
-  using KernelContext::KernelContext;
+  TorchKernelContext(const OpSpec& op, std::vector<const TensorView*> in, std::vector<TensorView> out,
+                     const std::vector<AttrValue>& attrs, std::vector<at::Tensor>& tensors)
+      : KernelContext(op, std::move(in), std::move(out), attrs), tensors_(tensors) {}
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) override {
     at::parallel_for(0, n, grain, fn);
   }
+
+ protected:
+  void* allocate(size_t i, DType dtype, const Shape& shape) override {
+    tensors_.at(i) = at::empty(shape, at::TensorOptions().dtype(to_scalar_type(dtype)));
+    return tensors_[i].data_ptr();
+  }
+
+ private:
+  std::vector<at::Tensor>& tensors_;
 };
 
 // One boxed functor per op and dispatch key; it holds the spec, so no lookup per call.
@@ -198,12 +209,18 @@ class BoxedOp final : public c10::OperatorKernel {
     std::vector<at::Tensor> outputs;
     std::vector<TensorView> out_views;
     for (size_t i = 0; i < op_.outputs.size(); ++i) {
+      if (op_.outputs[i].data_dependent()) {  // allocated by the kernel (allocate_output)
+        outputs.emplace_back();
+        out_views.push_back(TensorView{nullptr, call.output_dtypes[i], call.output_shapes[i], {}, Device::CPU});
+        continue;
+      }
       outputs.push_back(at::empty(call.output_shapes[i], at::TensorOptions().dtype(to_scalar_type(call.output_dtypes[i]))));
       out_views.push_back(TensorView{outputs.back().data_ptr(), call.output_dtypes[i], call.output_shapes[i],
                                      contiguous_strides(call.output_shapes[i]), Device::CPU});
     }
-    TorchKernelContext ctx(op_, inputs, std::move(out_views), attrs);
+    TorchKernelContext ctx(op_, inputs, std::move(out_views), attrs, outputs);
     op_.cpu_kernel(ctx);
+    ctx.check_outputs_allocated();
     return outputs;
   }
 
@@ -246,7 +263,10 @@ struct TorchLibrary {
       try {
         lib->def(schema_of(op).c_str());
         lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::CPU, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedOp>(op, false))));
-        lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::Meta, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedOp>(op, true))));
+        // Data-dependent output sizes need fresh symbolic sizes, which only Python's fake
+        // tensor mode can make: the glue registers a generic fake kernel for those ops.
+        if (!op.has_data_dependent_output())
+          lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::Meta, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedOp>(op, true))));
         lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::Autograd, torch::autograd::autogradNotImplementedFallback()));
       } catch (const c10::Error& e) {
         registry().add_error("op '" + op.name + "': PyTorch rejected schema '" + schema_of(op) +

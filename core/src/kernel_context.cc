@@ -1,5 +1,7 @@
 #include "opbridge/kernel_context.h"
 
+#include <algorithm>
+
 #include "opbridge/error.h"
 
 namespace opbridge {
@@ -20,6 +22,45 @@ const AttrValue& KernelContext::attr(std::string_view name) const {
   int i = op_.attr_index(name);
   OB_CHECK(i >= 0, "kernel asks for unknown attribute '", name, "'");
   return attrs_.at(static_cast<size_t>(i));
+}
+
+namespace {
+bool pending(const TensorView& t) {
+  for (int64_t d : t.shape)
+    if (d == kDataDependentDim) return true;
+  return false;
+}
+}  // namespace
+
+TensorView& KernelContext::allocate_output(size_t i, Shape shape) {
+  OB_CHECK(i < outputs_.size(), "kernel allocates output ", i, " of ", outputs_.size());
+  TensorView& out = outputs_[i];
+  const OutputSpec& spec = op_.outputs[i];
+  OB_CHECK(pending(out), "output '", spec.name, "' is not data-dependent or is already allocated");
+  OB_CHECK(shape.size() == out.shape.size(), "kernel gives output '", spec.name, "' rank ", shape.size(),
+           "; its shape rule has rank ", out.shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    OB_CHECK(shape[d] >= 0, "kernel gives output '", spec.name, "' the negative size ", shape_str(shape));
+    OB_CHECK(out.shape[d] == kDataDependentDim || out.shape[d] == shape[d], "kernel gives output '", spec.name,
+             "' shape ", shape_str(shape), "; its shape rule fixes axis ", d, " to ", out.shape[d]);
+  }
+  out.data = allocate(i, out.dtype, shape);
+  out.strides = contiguous_strides(shape);
+  out.shape = std::move(shape);
+  return out;
+}
+
+void KernelContext::check_outputs_allocated() const {
+  for (size_t i = 0; i < outputs_.size(); ++i)
+    OB_CHECK(!pending(outputs_[i]), "internal error: the kernel did not allocate data-dependent output '",
+             op_.outputs[i].name, "'");
+}
+
+void* KernelContext::allocate(size_t, DType dtype, const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  owned_outputs_.push_back(std::make_unique<std::byte[]>(static_cast<size_t>(std::max<int64_t>(n, 1)) * dtype_size(dtype)));
+  return owned_outputs_.back().get();
 }
 
 void* KernelContext::scratch(size_t bytes) {

@@ -62,6 +62,20 @@ DimExpr constant(int64_t v) {
   n.value = v;
   return make(std::move(n));
 }
+DimExpr data_dependent() { return make(DimNode{DimNode::Kind::Data}); }
+
+bool OutputSpec::data_dependent() const {
+  for (const DimExpr& e : shape.dims)
+    if (e.node->kind == DimNode::Kind::Data) return true;
+  return false;
+}
+
+bool OpSpec::has_data_dependent_output() const {
+  for (const OutputSpec& o : outputs)
+    if (o.data_dependent()) return true;
+  return false;
+}
+
 DimExpr operator+(DimExpr a, DimExpr b) { return binary(DimNode::Kind::Add, std::move(a), std::move(b)); }
 DimExpr operator-(DimExpr a, DimExpr b) { return binary(DimNode::Kind::Sub, std::move(a), std::move(b)); }
 DimExpr operator*(DimExpr a, DimExpr b) { return binary(DimNode::Kind::Mul, std::move(a), std::move(b)); }
@@ -72,6 +86,7 @@ std::string DimExpr::str() const {
   using K = DimNode::Kind;
   switch (n.kind) {
     case K::Const: return std::to_string(n.value);
+    case K::Data: return "<data-dependent>";
     case K::Dim: {
       std::string s = n.inputs.front();
       for (size_t i = 1; i < n.inputs.size(); ++i) s += " or " + n.inputs[i];
@@ -182,6 +197,7 @@ void check_expr(const OpSpec& op, const DimExpr& e) {
       check_expr(op, n.rhs);
       break;
     case K::Const: break;
+    case K::Data: OB_CHECK(false, "data_dependent() must stand alone as an output dimension");
   }
 }
 }  // namespace
@@ -224,7 +240,19 @@ void validate_spec(const OpSpec& op) {
     OB_CHECK(op.type(o.type).allowed.size() == 1 || bound_types.count(o.type), "output '", o.name,
              "' has type '", o.type, "', which no required input determines");
     for (const std::string& in : o.shape.inputs) OB_CHECK(op.input_index(in) >= 0, "shape rule names unknown input '", in, "'");
-    for (const DimExpr& e : o.shape.dims) check_expr(op, e);
+    for (const DimExpr& e : o.shape.dims) {
+      if (e.node->kind == DimNode::Kind::Data) continue;
+      check_expr(op, e);
+      // PyTorch's fake kernel for such an output is generic Python: it copies input dims and
+      // constants, and makes fresh sizes for the rest; nothing else is evaluated there.
+      if (op.has_data_dependent_output())
+        OB_CHECK(e.node->kind == DimNode::Kind::Dim || e.node->kind == DimNode::Kind::Const, "output '", o.name,
+                 "': in an op with data-dependent output sizes, the other dimensions must be input dimensions or "
+                 "constants, got ", e.str());
+    }
+    if (op.has_data_dependent_output())
+      OB_CHECK(o.shape.kind == ShapeRule::Kind::Dims, "output '", o.name,
+               "': an op with data-dependent output sizes gives every output as shape::dims");
   }
   for (const DimCheck& c : op.checks) {
     check_expr(op, c.lhs);

@@ -197,7 +197,24 @@ std::string manifest_json() {
     j.raw(",").key("outputs");
     array(j, op.outputs, [&](const OutputSpec& o) {
       j.raw("{").key("name").str(o.name).raw(",").key("type").str(o.type);
-      j.raw(",").key("shape").str(o.shape.str()).raw(",").key("doc").str(o.doc).raw("}");
+      j.raw(",").key("shape").str(o.shape.str()).raw(",").key("doc").str(o.doc);
+      if (op.has_data_dependent_output()) {
+        // What PyTorch's generic fake kernel needs: input dims, constants, fresh sizes.
+        j.raw(",").key("fake_dims");
+        array(j, o.shape.dims, [&](const DimExpr& e) {
+          const DimNode& n = *e.node;
+          if (n.kind == DimNode::Kind::Dim) {
+            j.raw("{").key("inputs");
+            array(j, n.inputs, [&](const std::string& s) { j.str(s); });
+            j.raw(",").key("axis").num(n.value).raw("}");
+          } else if (n.kind == DimNode::Kind::Const) {
+            j.raw("{").key("const").num(n.value).raw("}");
+          } else {
+            j.raw("{").key("data_dependent").raw("true}");
+          }
+        });
+      }
+      j.raw("}");
     });
     j.raw(",").key("checks");
     array(j, op.checks, [&](const DimCheck& c) { j.str(c.lhs.str() + " == " + c.rhs.str() + ": " + c.what); });

@@ -23,6 +23,14 @@ from ._library import (
 
 builtin = load_builtin()
 
+
+def __getattr__(name: str):
+    """opbridge.<op>: the PyTorch op of a built-in op (torch.ops.opbridge.<op>)."""
+    for op in builtin.ops:
+        if op.name == name and op.defines_torch_op:
+            return getattr(getattr(__import__("torch").ops, builtin.torch_namespace), name)
+    raise AttributeError(f"module 'opbridge' has no attribute or op named '{name}'")
+
 __all__ = [
     "EXPORTERS",
     "Library",

@@ -162,8 +162,9 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
                 checks=m["checks"],
             )
         )
-    from . import _exporters, _schemas  # after the torch ops exist
+    from . import _exporters, _fake, _schemas  # after the torch ops exist
 
+    _fake.register_fakes(lib)
     _schemas.register(lib)
     _exporters.register_torchscript_symbolics(lib)
     _libraries.append(lib)

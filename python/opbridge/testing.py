@@ -190,8 +190,8 @@ def node_model(info: OpInfo, inputs: Sequence[np.ndarray | None], attrs: dict[st
         while metas and metas[-1] is None:
             metas.pop()
         shapes = [list(r.shape) for r in _as_list(info.overload(*metas, **attrs))]
-    except Exception:
-        shapes = [[] for _ in info.outputs]  # unknown: any value rejected by the checker anyway
+    except Exception:  # invalid inputs, or sizes that depend on input values: left unknown
+        shapes = [[None] * len(o["fake_dims"]) if "fake_dims" in o else [] for o in info.outputs]
     outputs = []
     for o, shape in zip(info.outputs, shapes):
         fixed = info.types[o["type"]]

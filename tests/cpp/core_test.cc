@@ -64,6 +64,14 @@ TEST(Registry, RejectsBrokenSpecs) {
   EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a-b", "T", "").output("y", "T", shape::same({"a-b"}), "").cpu(noop_kernel))); }).find("not an identifier"), std::string::npos);
   EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").float_attr("f", INFINITY, "").output("y", "T", shape::same({"a"}), "").cpu(noop_kernel))); }).find("non-finite"), std::string::npos);
   EXPECT_EQ(error_of([] { validate_spec(conv_like()); }), "");
+  // A data-dependent size stands alone, and its output's other dims are plain input dims.
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::dims({data_dependent() + 1}), "").cpu(noop_kernel))); }).find("stand alone"), std::string::npos);
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::dims({dim("a", 0) * 2, data_dependent()}), "").cpu(noop_kernel))); }).find("must be input dimensions or constants"), std::string::npos);
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::dims({data_dependent()}), "").output("z", "T", shape::same({"a"}), "").cpu(noop_kernel))); }).find("shape::dims"), std::string::npos);
+  // Export rules name real inputs and attributes.
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::same({"a"}), "").cpu(noop_kernel).export_as(ExportTo("Foo", 3).inputs({"b"})))); }).find("unknown input 'b'"), std::string::npos);
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::same({"a"}), "").cpu(noop_kernel).export_as(ExportTo("Foo", 3).attr("k", {"nope"})))); }).find("unknown attribute 'nope'"), std::string::npos);
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::same({"a"}), "").torch_op("aten::x"))); }).find("nothing to export"), std::string::npos);
 }
 
 TEST(ShapeInference, CheckedArithmeticAndFloorDivision) {
@@ -122,5 +130,30 @@ TEST(Names, CamelCase) {
   EXPECT_EQ(camel_case("deform_conv2d"), "DeformConv2d");
 }
 
+}  // namespace
+}  // namespace opbridge
+
+namespace opbridge {
+namespace {
+TEST(KernelContext, AllocateOutputChecksTheRule) {
+  OpSpec op = spec_of(OpBuilder("dd").doc("d").types("T", {DType::Float32}).input("a", "T", "", 1)
+                          .output("y", "T", shape::dims({dim("a", 0), data_dependent()}), "").cpu(noop_kernel));
+  std::vector<float> data(3);
+  TensorView a{data.data(), DType::Float32, {3}, {1}, Device::CPU};
+  std::vector<AttrValue> attrs;
+  PreparedCall call = prepare_call(op, {&a}, attrs);
+  ASSERT_EQ(call.output_shapes[0], (Shape{3, kDataDependentDim}));
+  SerialKernelContext ctx(op, {&a}, {TensorView{nullptr, DType::Float32, call.output_shapes[0], {}, Device::CPU}}, attrs);
+  EXPECT_THROW(ctx.check_outputs_allocated(), Error);
+  EXPECT_THROW(ctx.allocate_output(0, {3}), Error);     // wrong rank
+  EXPECT_THROW(ctx.allocate_output(0, {4, 2}), Error);  // the rule fixes axis 0 to 3
+  EXPECT_THROW(ctx.allocate_output(0, {3, -2}), Error);
+  TensorView& y = ctx.allocate_output(0, {3, 5});
+  EXPECT_EQ(y.shape, (Shape{3, 5}));
+  EXPECT_EQ(y.strides, (Shape{5, 1}));
+  y.data_as<float>()[14] = 1.0f;  // all 15 elements are writable
+  EXPECT_THROW(ctx.allocate_output(0, {3, 5}), Error);  // once
+  EXPECT_NO_THROW(ctx.check_outputs_allocated());
+}
 }  // namespace
 }  // namespace opbridge

@@ -91,19 +91,32 @@ inline std::vector<Tensor> run(const std::string& name, const std::vector<std::o
   for (size_t i = 0; i < op->outputs.size(); ++i) {
     Tensor t;
     int64_t n = 1;
-    for (int64_t d : call.output_shapes[i]) n *= d;
+    for (int64_t d : call.output_shapes[i]) n *= std::max<int64_t>(d, 0);  // data-dependent: kernel allocates
     t.bytes = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(n) * dtype_size(call.output_dtypes[i]));
     t.view = TensorView{t.bytes->data(), call.output_dtypes[i], call.output_shapes[i],
                         contiguous_strides(call.output_shapes[i]), Device::CPU};
     views.push_back(t.view);
     outs.push_back(std::move(t));
   }
+  auto finish = [&](KernelContext& ctx) {
+    op->cpu_kernel(ctx);
+    ctx.check_outputs_allocated();
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!op->outputs[i].data_dependent()) continue;
+      // Copy out of the context's own memory before it goes.
+      const TensorView& v = ctx.output(i);
+      size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
+      outs[i].bytes = std::make_shared<std::vector<std::byte>>(bytes);
+      if (bytes) std::memcpy(outs[i].bytes->data(), v.data, bytes);
+      outs[i].view = TensorView{outs[i].bytes->data(), v.dtype, v.shape, v.strides, Device::CPU};
+    }
+  };
   if (threaded) {
     ThreadedKernelContext ctx(*op, inputs, views, attrs);
-    op->cpu_kernel(ctx);
+    finish(ctx);
   } else {
     SerialKernelContext ctx(*op, inputs, views, attrs);
-    op->cpu_kernel(ctx);
+    finish(ctx);
   }
   return outs;
 }

@@ -31,6 +31,11 @@ class KernelContext {
   // nullptr when the optional input is absent.
   const TensorView* optional_input(std::string_view name) const { return inputs_.at(index_of_input(name)); }
   TensorView& output(size_t i) { return outputs_.at(i); }
+  // Allocates output i, whose shape rule has data_dependent() dimensions, once the kernel knows
+  // its shape (which must agree with the rule's other dimensions). Once per output.
+  TensorView& allocate_output(size_t i, Shape shape);
+  // For adapters, after the kernel: every data-dependent output was allocated.
+  void check_outputs_allocated() const;
 
   int64_t attr_int(std::string_view name) const { return std::get<int64_t>(attr(name)); }
   double attr_float(std::string_view name) const { return std::get<double>(attr(name)); }
@@ -45,6 +50,11 @@ class KernelContext {
   // Scratch memory that lives until the kernel returns. Safe to call inside parallel_for.
   void* scratch(size_t bytes);
 
+ protected:
+  // The memory of a data-dependent output: the host runtime's tensor (adapters override),
+  // else memory owned by this context (tests, tools).
+  virtual void* allocate(size_t i, DType dtype, const Shape& shape);
+
  private:
   size_t index_of_input(std::string_view name) const;
   const AttrValue& attr(std::string_view name) const;
@@ -55,6 +65,7 @@ class KernelContext {
   const std::vector<AttrValue>& attrs_;
   std::mutex scratch_mu_;
   std::vector<std::unique_ptr<std::byte[]>> scratch_;
+  std::vector<std::unique_ptr<std::byte[]>> owned_outputs_;
 };
 
 // Serial context for tests and tools that run a kernel outside any runtime.

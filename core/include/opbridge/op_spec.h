@@ -43,7 +43,7 @@ struct DimExpr {
   std::string str() const;
 };
 struct DimNode {
-  enum class Kind : int8_t { Const, Dim, Attr, AttrAt, Add, Sub, Mul, FloorDiv };
+  enum class Kind : int8_t { Const, Dim, Attr, AttrAt, Add, Sub, Mul, FloorDiv, Data };
   explicit DimNode(Kind k) : kind(k) {}
   Kind kind;
   int64_t value = 0;                // Const: the value; Dim: the axis; AttrAt: the element
@@ -59,6 +59,13 @@ DimExpr dim_of_first(std::vector<std::string> inputs, int64_t axis);
 DimExpr attr(std::string name);
 DimExpr attr_at(std::string name, int64_t index);
 DimExpr constant(int64_t v);
+// A size only the kernel knows (it depends on input values, e.g. Resize's runtime scales). It
+// stands alone as an output dimension; the output's other dimensions must be input dimensions
+// or constants. The kernel allocates such an output itself (KernelContext::allocate_output),
+// and PyTorch's fake kernel gives the dimension a fresh symbolic size.
+DimExpr data_dependent();
+// The placeholder for a data-dependent size in concrete shapes, until the kernel allocates.
+inline constexpr int64_t kDataDependentDim = -1;
 DimExpr operator+(DimExpr a, DimExpr b);
 DimExpr operator-(DimExpr a, DimExpr b);
 DimExpr operator*(DimExpr a, DimExpr b);
@@ -109,6 +116,7 @@ struct OutputSpec {
   std::string type;
   std::string doc;
   ShapeRule shape;
+  bool data_dependent() const;  // some dimension is data_dependent()
 };
 
 // How the exporters write the op into an ONNX graph. An op with a CPU kernel is exported as a
@@ -163,6 +171,7 @@ struct OpSpec {
   int input_index(std::string_view name) const;  // -1 when absent
   int attr_index(std::string_view name) const;
   bool defines_torch_op() const { return torch_op.empty(); }
+  bool has_data_dependent_output() const;
   std::string qualified_name() const;  // "<namespace>::<name>" or torch_op
 };
 

@@ -103,6 +103,7 @@ class ShapeInference {
       case K::Sub: return T::sub(eval(n.lhs), eval(n.rhs));
       case K::Mul: return T::mul(eval(n.lhs), eval(n.rhs));
       case K::FloorDiv: return T::floordiv(eval(n.lhs), eval(n.rhs));
+      case K::Data: break;  // only ever a whole output dimension (validate_spec), see output()
     }
     throw Error("unknown shape expression");
   }
@@ -122,6 +123,10 @@ class ShapeInference {
     if (r.kind == K::Dims) {
       Dims d;
       for (const DimExpr& e : r.dims) {
+        if (e.node->kind == DimNode::Kind::Data) {  // the kernel decides, see allocate_output
+          d.push_back(T::from(kDataDependentDim));
+          continue;
+        }
         d.push_back(eval(e));
         OB_CHECK(!T::known_negative(d.back()), "output '", o.name, "' would have a negative size (", e.str(),
                  " = ", d.back(), ")");

@@ -1,0 +1,113 @@
+// resize_bicubic(x, scales): PyTorch's bicubic interpolation (align_corners=False, a = -0.75)
+// with the scale factors as a *tensor*, known only at run time — the seed's autograd.Function
+// mapped to ONNX Resize with a scales input, so one exported model serves every scale. The
+// output's spatial size depends on the values of `scales`: a data-dependent shape.
+#include <cmath>
+#include <vector>
+
+#include <opbridge/op.h>
+
+namespace opbridge {
+namespace {
+
+// Keys' cubic convolution kernel with a = -0.75, as PyTorch and ONNX Resize (cubic_coeff_a) use.
+template <typename T>
+void cubic_weights(T t, T w[4]) {
+  constexpr T A = T(-0.75);
+  auto near = [](T x) { return ((A + 2) * x - (A + 3)) * x * x + 1; };      // |x| <= 1
+  auto far = [](T x) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; };  // 1 < |x| < 2
+  w[0] = far(t + 1);
+  w[1] = near(t);
+  const T u = 1 - t;  // written as PyTorch does, for the same rounding
+  w[2] = near(u);
+  w[3] = far(u + 1);
+}
+
+// For each output index along one axis: the 4 clamped source indices and their weights.
+template <typename T>
+struct Taps {
+  std::vector<int64_t> index;  // 4 per output
+  std::vector<T> weight;       // 4 per output
+};
+
+template <typename T>
+Taps<T> taps(int64_t in_size, int64_t out_size, double scale) {
+  // PyTorch maps output i to source (i + 0.5) / scale - 0.5 ("half pixel"), with 1/scale in the
+  // compute type, and reads outside the image as the nearest edge pixel.
+  const T inv = static_cast<T>(1.0 / scale);
+  Taps<T> t{std::vector<int64_t>(4 * out_size), std::vector<T>(4 * out_size)};
+  for (int64_t i = 0; i < out_size; ++i) {
+    const T src = inv * (static_cast<T>(i) + T(0.5)) - T(0.5);
+    const T base = std::floor(src);
+    cubic_weights<T>(src - base, &t.weight[4 * i]);
+    for (int k = 0; k < 4; ++k)
+      t.index[4 * i + k] = std::min<int64_t>(std::max<int64_t>(static_cast<int64_t>(base) - 1 + k, 0), in_size - 1);
+  }
+  return t;
+}
+
+void resize_bicubic_kernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input("x");
+  const float* s = ctx.input("scales").data_as<float>();
+  for (int k = 0; k < 4; ++k)
+    OB_CHECK(std::isfinite(s[k]) && s[k] > 0, "scales must be finite and positive, got scales[", k, "] = ", s[k]);
+  OB_CHECK(s[0] == 1.0f && s[1] == 1.0f, "bicubic resize scales the two spatial axes only: scales[0] and scales[1] "
+           "must be 1, got ", s[0], " and ", s[1]);
+  const int64_t n = x.dim(0), c = x.dim(1), h = x.dim(2), w = x.dim(3);
+  OB_CHECK(h > 0 && w > 0, "x must have a non-empty image, got shape ", shape_str(x.shape));
+  // The output size PyTorch's interpolate computes: floor(size * scale) in double precision.
+  const int64_t oh = static_cast<int64_t>(std::floor(static_cast<double>(h) * static_cast<double>(s[2])));
+  const int64_t ow = static_cast<int64_t>(std::floor(static_cast<double>(w) * static_cast<double>(s[3])));
+  OB_CHECK(oh > 0 && ow > 0, "scales ", s[2], " x ", s[3], " give an empty image from ", h, " x ", w);
+  TensorView& y = ctx.allocate_output(0, {n, c, oh, ow});
+  visit_dtype<float, double>(x.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const Taps<T> ty = taps<T>(h, oh, s[2]), tx = taps<T>(w, ow, s[3]);
+    const T* px = x.data_as<T>();
+    T* py = y.data_as<T>();
+    // One task per output row of one image plane: rows are independent and contiguous.
+    ctx.parallel_for(n * c * oh, std::max<int64_t>(1, 4096 / ow), [&](int64_t begin, int64_t end) {
+      std::vector<T> rows(4 * static_cast<size_t>(ow));
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t plane = r / oh, oy = r % oh;
+        const T* src = px + plane * h * w;
+        // Horizontal pass for the 4 source rows, then the vertical combination.
+        for (int k = 0; k < 4; ++k) {
+          const T* line = src + ty.index[4 * oy + k] * w;
+          T* out = &rows[k * ow];
+          for (int64_t ox = 0; ox < ow; ++ox) {
+            const int64_t* ix = &tx.index[4 * ox];
+            const T* wx = &tx.weight[4 * ox];
+            out[ox] = line[ix[0]] * wx[0] + line[ix[1]] * wx[1] + line[ix[2]] * wx[2] + line[ix[3]] * wx[3];
+          }
+        }
+        const T* wy = &ty.weight[4 * oy];
+        T* dst = py + r * ow;
+        for (int64_t ox = 0; ox < ow; ++ox)
+          dst[ox] = rows[ox] * wy[0] + rows[ow + ox] * wy[1] + rows[2 * ow + ox] * wy[2] + rows[3 * ow + ox] * wy[3];
+      }
+    });
+  });
+}
+
+}  // namespace
+
+OPBRIDGE_OP(resize_bicubic)
+    .doc("Bicubic resize of an NCHW image by run-time scale factors (PyTorch's bicubic, align_corners=False); "
+         "exported as ai.onnx Resize with a scales input.")
+    .types("T", {DType::Float32, DType::Float64})
+    .types("S", {DType::Float32})
+    .input("x", "T", "images (N, C, H, W)", 4)
+    .input("scales", "S", "scale factors (1, 1, scale_h, scale_w), as ONNX Resize takes them", 1)
+    .check(dim("scales", 0) == 4, "scales must hold 4 values, one per axis of x")
+    .output("y", "T", shape::dims({dim("x", 0), dim("x", 1), data_dependent(), data_dependent()}),
+            "(N, C, floor(H * scale_h), floor(W * scale_w))")
+    .cpu(resize_bicubic_kernel)
+    // Resize 13 takes an empty roi; cubic with a = -0.75 and pytorch_half_pixel is PyTorch's rule.
+    .export_as(ExportTo("Resize", 13)
+                   .inputs({"x", "", "scales"})
+                   .attr_string("mode", "cubic")
+                   .attr_float("cubic_coeff_a", -0.75)
+                   .attr_string("coordinate_transformation_mode", "pytorch_half_pixel"));
+
+}  // namespace opbridge

@@ -1,0 +1,108 @@
+"""resize_bicubic: bicubic resize by run-time scales, exported to ai.onnx Resize."""
+
+import numpy as np
+import pytest
+import torch
+
+import opbridge
+from opbridge.testing import BadInput, OpCase, Sample, op_test_suite, random_tensor as r
+
+
+def reference(x, scales):
+    # PyTorch's own bicubic interpolation: an implementation independent of opbridge's kernel.
+    out = torch.nn.functional.interpolate(torch.from_numpy(x), scale_factor=[float(s) for s in scales[2:]],
+                                          mode="bicubic", align_corners=False)
+    return out.numpy()
+
+
+def s(h, w):
+    return torch.tensor([1.0, 1.0, h, w])
+
+
+def resize(sample, n):
+    x, scales = sample.inputs
+    return Sample((r([n, x.shape[1], n + 2, n + 3], seed=n), scales), sample.attrs)
+
+
+TestResizeBicubic = op_test_suite(
+    OpCase(
+        "resize_bicubic",
+        reference=reference,
+        samples=[
+            Sample((r([2, 3, 5, 7]), s(2.0, 1.5)), name="upscale", dynamic={0: [0, 2, 3]}),
+            Sample((r([1, 2, 9, 8]), s(0.5, 0.75)), name="downscale"),
+            Sample((r([1, 1, 4, 6], "float64"), s(1.7, 2.3)), name="float64_fractional",
+                   no_onnxruntime="ONNX Runtime's Resize has no float64 kernel (custom_nodes=True runs opbridge's)"),
+            Sample((r([0, 3, 4, 4]), s(2.0, 2.0)), name="empty_batch"),
+            Sample((r([1, 1, 1, 1]), s(3.0, 1.0)), name="single_pixel"),
+        ],
+        bad_inputs=[
+            BadInput((r([2, 3, 4]), s(2.0, 2.0)), {}, "input 'x' must have rank 4", "rank"),
+            BadInput((r([1, 1, 4, 4]), torch.tensor([1.0, 2.0, 2.0])), {}, "scales must hold 4 values", "three_scales"),
+            BadInput((r([1, 1, 4, 4]), torch.tensor([2.0, 1.0, 2.0, 2.0])), {}, r"scales\[0\] and scales\[1\] must be 1",
+                     "batch_scale"),
+            BadInput((r([1, 1, 4, 4]), s(-1.0, 2.0)), {}, r"finite and positive, got scales\[2\] = -1", "negative"),
+            BadInput((r([1, 1, 4, 4]), s(float("nan"), 2.0)), {}, "finite and positive", "nan"),
+            BadInput((r([1, 1, 4, 4]), s(0.1, 2.0)), {}, "give an empty image", "empty_output"),
+            BadInput((r([1, 1, 4, 4]), s(2.0, 2.0).double()), {}, "input 'scales' has dtype float64", "scales_dtype"),
+            BadInput((r([1, 1, 0, 4]), s(2.0, 2.0)), {}, "non-empty image", "empty_image"),
+        ],
+        # float32 bicubic sums 16 products: PyTorch, ONNX Runtime and opbridge round differently.
+        rtol=1e-5,
+        atol=2e-5,
+        resize=resize,
+    )
+)
+
+
+class Upsampler(torch.nn.Module):
+    """The seed's model: a feature map resized by a factor fed at run time."""
+
+    def forward(self, x, scales):
+        return torch.relu(opbridge.resize_bicubic(x, scales)) + 1
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_one_exported_model_serves_every_scale(exporter):
+    x = r([1, 3, 16, 12], seed=3)
+    m = opbridge.export(Upsampler(), (x, s(2.0, 2.0)), exporter=exporter, input_names=["x", "scales"])
+    resize = [n for n in m.graph.node if n.op_type == "Resize"]
+    assert len(resize) == 1 and resize[0].input[2] == "scales", "scales must come from the graph input"
+    attrs = {a.name: a for a in resize[0].attribute}
+    assert attrs["mode"].s == b"cubic" and attrs["coordinate_transformation_mode"].s == b"pytorch_half_pixel"
+    assert attrs["cubic_coeff_a"].f == -0.75
+    sess = opbridge.session(m)
+    for scales in (s(2.0, 3.0), s(0.5, 0.75), s(1.25, 1.0)):
+        want = Upsampler()(x, scales)
+        (got,) = sess.run(None, {"x": x.numpy(), "scales": scales.numpy()})
+        assert got.shape == tuple(want.shape)
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_float64_runs_as_the_opbridge_node_on_request(exporter):
+    x, scales = r([1, 2, 5, 4], "float64", seed=5), s(1.5, 2.5)
+    m = opbridge.export(Upsampler(), (x, scales), exporter=exporter, custom_nodes=True)
+    assert ("opbridge", "ResizeBicubic") in {(n.domain, n.op_type) for n in m.graph.node}
+    report = opbridge.verify(Upsampler(), (x, scales), m, rtol=1e-12, atol=1e-12)
+    assert report.ok, report.table()
+
+
+def test_export_keeps_the_spatial_sizes_symbolic():
+    m = opbridge.export(Upsampler(), (r([1, 3, 8, 8]), s(2.0, 2.0)))
+    dims = m.graph.output[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims[:2]] == [1, 3]
+    assert dims[2].dim_param and dims[3].dim_param, "output H, W depend on the scales' values"
+
+
+def test_torch_export_gives_fresh_sizes():
+    ep = torch.export.export(Upsampler(), (r([1, 3, 8, 8]), s(2.0, 2.0)))
+    out = ep.graph_module.graph.find_nodes(op="output")[0].args[0][0].meta["val"]
+    assert out.shape[:2] == (1, 3)
+    assert all(isinstance(d, torch.SymInt) for d in out.shape[2:])
+
+
+def test_opbridge_namespace_exposes_the_op():
+    assert opbridge.resize_bicubic is torch.ops.opbridge.resize_bicubic
+    with pytest.raises(AttributeError, match="no attribute or op named 'no_such_op'"):
+        opbridge.no_such_op

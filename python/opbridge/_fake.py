@@ -1,0 +1,57 @@
+"""PyTorch fake kernels for ops with data-dependent output sizes. Every other op's fake (Meta)
+kernel is C++ (the shape rule evaluated on SymInt); a size that depends on input *values* needs
+a fresh symbolic size, which only Python's fake tensor mode can make. The kernel is generic: it
+reads the output dimensions from the manifest (input dimensions, constants, fresh sizes)."""
+
+from __future__ import annotations
+
+import torch
+
+from ._library import Library, OpInfo
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32, "int64": torch.int64,
+           "bool": torch.bool, "uint8": torch.uint8}
+
+
+def _fake_kernel(op: OpInfo):
+    names = [i["name"] for i in op.inputs]
+
+    def fake(*args, **kwargs):
+        given = dict(zip(names, args[: len(names)]))
+        given.update({k: v for k, v in kwargs.items() if k in names})
+        present = {k: v for k, v in given.items() if isinstance(v, torch.Tensor)}
+        device = next(iter(present.values())).device
+        outs = []
+        for o in op.outputs:
+            allowed = op.types[o["type"]]
+            source = next((present[i["name"]] for i in op.inputs if i["type"] == o["type"] and i["name"] in present), None)
+            dtype = source.dtype if source is not None else _DTYPES[allowed[0]]
+            shape = []
+            for d in o["fake_dims"]:
+                if "data_dependent" in d:
+                    shape.append(torch.library.get_ctx().new_dynamic_size())
+                elif "const" in d:
+                    shape.append(d["const"])
+                else:
+                    src = next(present[n] for n in d["inputs"] if n in present)
+                    shape.append(src.shape[d["axis"]])
+            outs.append(torch.empty(shape, dtype=dtype, device=device))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return fake
+
+
+def register_fakes(lib: Library) -> None:
+    for op in lib.ops:
+        if op.defines_torch_op and any("fake_dims" in o for o in op.outputs):
+            torch.library.register_fake(op.torch_op, _fake_kernel(op), lib=_fake_library(lib))
+
+
+_libs: dict[str, torch.library.Library] = {}
+
+
+def _fake_library(lib: Library) -> torch.library.Library:
+    # Registrations live as long as this Library object: keep one per op library.
+    if lib.torch_namespace not in _libs:
+        _libs[lib.torch_namespace] = torch.library.Library(lib.torch_namespace, "FRAGMENT")
+    return _libs[lib.torch_namespace]
