@@ -86,7 +86,8 @@ def _own_node(op: OpInfo) -> _Target:
 def choose_target(op: OpInfo, options: ExportOptions) -> _Target:
     """Which node writes `op` at this opset: the applicable rule with the highest min_opset, the
     op's own node (a kernel: from opset 1; a function: from the opset its body needs) counting
-    as a rule. With custom_nodes, rules to standard ai.onnx ops are passed over."""
+    as a rule. With custom_nodes, opbridge's own nodes win over standard ai.onnx ops wherever
+    the op has one at this opset."""
     candidates: list[tuple[int, _Target]] = []
     if op.export_kind == "custom":
         candidates.append((1, _own_node(op)))
@@ -94,8 +95,9 @@ def choose_target(op: OpInfo, options: ExportOptions) -> _Target:
         candidates.append((op.function["opset"], _own_node(op)))
     for r in op.export_rules:
         candidates.append((r["min_opset"], _Target(r["domain"], r["op_type"], r["min_opset"], r["inputs"], r["attributes"])))
-    usable = [(v, t) for v, t in candidates if v <= options.opset and not (options.custom_nodes and t.domain == "" and
-                                                                           op.export_kind == "custom")]
+    usable = [(v, t) for v, t in candidates if v <= options.opset]
+    if options.custom_nodes and any(t.domain for _, t in usable):
+        usable = [(v, t) for v, t in usable if t.domain]
     if not usable:
         lowest = min(v for v, _ in candidates)
         what = ", ".join(f"{t.domain + '::' if t.domain else 'ai.onnx '}{t.op_type} from opset {v}" for v, t in candidates)

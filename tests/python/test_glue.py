@@ -13,7 +13,7 @@ import opbridge
 ROOT = Path(__file__).resolve().parents[2]
 GENERIC_FILES = sorted(
     [*ROOT.glob("adapters/**/*.cc"), *ROOT.glob("core/**/*.cc"), *ROOT.glob("core/**/*.h")]
-    + [ROOT / "python/opbridge" / f for f in ("_library.py", "_schemas.py", "_exporters.py", "_api.py", "testing.py")]
+    + [ROOT / "python/opbridge" / f for f in ("_library.py", "_schemas.py", "_exporters.py", "_fake.py", "_api.py", "testing.py")]
 )
 
 
