@@ -125,6 +125,21 @@ def test_end_only_onnxruntime():
     np.testing.assert_array_equal(out, reference(pos, size, None, end))
 
 
+class EndOnly(torch.nn.Module):
+    def forward(self, pos, size, end):
+        return grid_cluster(pos, size, None, end)
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_end_only_exports_with_an_empty_start_input(exporter):
+    pos, size, end = r([40, 3], seed=14), t([0.3, 0.3, 0.3]), t([5.0, 4.0, 3.0])
+    m = opbridge.export(EndOnly(), (pos, size, end), exporter=exporter, input_names=["pos", "size", "end"])
+    node = next(n for n in m.graph.node if n.op_type == "GridCluster")
+    assert list(node.input) == ["pos", "size", "", "end"], "start is an empty slot, end stays in place"
+    report = opbridge.verify(EndOnly(), (pos, size, end), m)
+    assert report.ok, report.table()
+
+
 def test_large_input_matches_reference():
     # Enough rows for several parallel tasks in both passes, and both specialised widths.
     for d, dtype in ((3, "float32"), (2, "float64"), (5, "float32")):
