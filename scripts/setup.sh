@@ -9,7 +9,7 @@ cd "$root"
 say() { echo "[opbridge] $*"; }
 
 # 1. Debian packages (only when one is missing).
-apt_pkgs=(cmake ninja-build g++ libgtest-dev libgmock-dev openssl npm python3-venv)
+apt_pkgs=(cmake ninja-build g++ libgtest-dev libgmock-dev openssl npm python3-venv graphviz)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -68,9 +68,12 @@ cmake --install build >/dev/null
 say "build done in $(( $(date +%s) - start ))s"
 
 # 5. The Python package, editable, against the venv's torch (no isolated build: it would
-#    download another torch).
-if ! $py -c 'import opbridge' >/dev/null 2>&1; then
+#    download another torch). Reinstalled when python/pyproject.toml changed, so that new
+#    metadata (e.g. the `opbridge` command) reaches existing checkouts too.
+py_stamp=.venv/.opbridge-pyproject
+if ! $py -c 'import opbridge' >/dev/null 2>&1 || ! cmp -s python/pyproject.toml "$py_stamp"; then
   say "installing the opbridge Python package (editable)"
   $py -m pip install -q --no-build-isolation --no-deps -e python
+  cp python/pyproject.toml "$py_stamp"
 fi
 say "ready: . .venv/bin/activate"
