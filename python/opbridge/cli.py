@@ -244,6 +244,20 @@ def _torch_schema(op) -> str | None:
         return None
 
 
+def export_summary(op) -> str:
+    """Which ONNX node the op becomes, by target opset: 'opbridge::DeformConv2d v1; ai.onnx::DeformConv from
+    opset 19'."""
+    parts = []
+    if op.export_kind == "custom":
+        parts.append(f"{_domain(op.onnx_domain)}::{op.onnx_type} v{op.since_version}")
+    elif op.export_kind == "function":
+        parts.append(f"{_domain(op.onnx_domain)}::{op.onnx_type} v{op.since_version} (function, opset {op.function['opset']}+)")
+    for r in op.export_rules:
+        target = f"{_domain(r['domain'])}::{r['op_type']}"
+        parts.append(f"{target} from opset {r['min_opset']}" if r["min_opset"] > 1 else target)
+    return "; ".join(parts)
+
+
 def op_json(op) -> dict:
     return {
         "name": op.name,
@@ -252,8 +266,10 @@ def op_json(op) -> dict:
         "torch_schema": _torch_schema(op),
         "defines_torch_op": op.defines_torch_op,
         "doc": op.doc,
-        "export": {"kind": op.export_kind, "domain": _domain(op.onnx_domain), "op_type": op.onnx_type,
-                   "since_version": op.since_version},
+        "export": {"kind": op.export_kind,
+                   "own_node": ({"domain": _domain(op.onnx_domain), "op_type": op.onnx_type,
+                                 "since_version": op.since_version} if op.has_own_node else None),
+                   "rules": op.export_rules, "function": op.function, "summary": export_summary(op)},
         "inputs": [{"name": i["name"], "type": i["type"], "dtypes": op.types[i["type"]], "optional": i["optional"],
                     "doc": i["doc"]} for i in op.inputs],
         "attributes": [{k: a[k] for k in ("name", "kind", "default", "doc") if k in a} for a in op.attributes],
@@ -298,10 +314,10 @@ def cmd_ops(args) -> int:
             args_ = [f"{i['name']}{'?' if i['optional'] else ''}:{i['type']}" for i in op.inputs]
             outs = [f"{o['name']}:{o['type']}" for o in op.outputs]
             types = "; ".join(f"{c}={'|'.join(d)}" for c, d in op.types.items())
-            rows.append([op.name, op.export_kind, f"{_domain(op.onnx_domain)}::{op.onnx_type}", str(op.since_version),
-                         f"({', '.join(args_)}) -> ({', '.join(outs)})", types])
+            rows.append([op.name, op.export_kind, export_summary(op), f"({', '.join(args_)}) -> ({', '.join(outs)})",
+                         types])
             sigs.append(_torch_schema(op) or f"{op.torch_op} (not in this torch build)")
-        lines = _table(rows, ["op", "export", "ONNX op", "since", "inputs -> outputs", "dtypes"])
+        lines = _table(rows, ["op", "export", "ONNX (by target opset)", "inputs -> outputs", "dtypes"])
         print("\n".join(lines[:2]))
         for line, sig in zip(lines[2:], sigs):
             print(line)

@@ -125,16 +125,23 @@ def test_ops_json_lists_every_loaded_op():
     for op in opbridge.all_ops():
         o = got[op.name]
         assert o["torch_schema"] == str(op.overload._schema)
-        assert o["export"] == {"kind": op.export_kind, "domain": op.onnx_domain or "ai.onnx",
-                               "op_type": op.onnx_type, "since_version": op.since_version}
+        assert o["export"]["kind"] == op.export_kind and o["export"]["rules"] == op.export_rules
+        if op.has_own_node:
+            assert o["export"]["own_node"] == {"domain": op.onnx_domain, "op_type": op.onnx_type,
+                                               "since_version": op.since_version}
         assert [(i["name"], i["dtypes"]) for i in o["inputs"]] == [(i["name"], op.types[i["type"]]) for i in op.inputs]
         assert [(x["name"], x["dtypes"]) for x in o["outputs"]] == [(x["name"], op.types[x["type"]]) for x in op.outputs]
     assert [lib["onnx_domain"] for lib in data["libraries"]] == [lib.onnx_domain for lib in opbridge.libraries()]
     # Concrete values, not only agreement with the loader.
     dr = got["dual_residual"]
-    assert dr["export"]["domain"] == "opbridge" and dr["export"]["op_type"] == "DualResidual"
+    assert dr["export"]["own_node"]["domain"] == "opbridge" and dr["export"]["own_node"]["op_type"] == "DualResidual"
     assert dr["inputs"][0]["dtypes"] == ["float32", "float64"]
-    assert got["asinh"]["export"]["kind"] == "standard" and got["asinh"]["export"]["domain"] == "ai.onnx"
+    asinh = got["asinh"]["export"]
+    assert asinh["kind"] == "standard" and asinh["own_node"] is None
+    assert [(r["domain"], r["op_type"], r["min_opset"]) for r in asinh["rules"]] == [("", "Asinh", 9)]
+    assert asinh["summary"] == "ai.onnx::Asinh from opset 9"
+    assert got["selu"]["export"]["summary"] == "opbridge::Selu v1 (function, opset 15+)"
+    assert got["resize_bicubic"]["export"]["summary"] == "opbridge::ResizeBicubic v1; ai.onnx::Resize from opset 13"
 
 
 def test_ops_table_shows_signatures_and_mapping():
@@ -143,7 +150,11 @@ def test_ops_table_shows_signatures_and_mapping():
     for op in opbridge.all_ops():
         assert f"torch: {op.overload._schema}" in r.stdout
         row = next(ln for ln in r.stdout.splitlines() if ln.startswith(op.name + " "))
-        assert op.export_kind in row and f"{op.onnx_domain or 'ai.onnx'}::{op.onnx_type}" in row
+        assert op.export_kind in row
+        for rule in op.export_rules:
+            assert f"{rule['domain'] or 'ai.onnx'}::{rule['op_type']}" in row
+        if op.has_own_node:
+            assert f"{op.onnx_domain}::{op.onnx_type}" in row
 
 
 def test_entry_point_is_declared_and_installed_script_works():
