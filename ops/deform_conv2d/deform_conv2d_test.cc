@@ -1,0 +1,365 @@
+// deform_conv2d's kernel against a direct loop over output elements (torchvision's sampling rule
+// written out with explicit bounds checks), and every ISA variant of its hot loops against naive loops.
+#include <cmath>
+#include <iostream>
+#include <limits>
+
+#include "deform_conv2d_variants.h"
+#include "kernel_harness.h"
+
+namespace opbridge::testing {
+namespace {
+
+struct Config {
+  int64_t n = 2, c_in = 4, h = 7, w = 6, c_out = 6, kh = 3, kw = 3;
+  std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1, offset_groups = 1;
+  bool bias = true, mask = true;
+  double offset_scale = 1.5;  // offsets uniform in ±2·scale: some samples land outside
+
+  int64_t h_out() const { return (h + 2 * padding[0] - (dilation[0] * (kh - 1) + 1)) / stride[0] + 1; }
+  int64_t w_out() const { return (w + 2 * padding[1] - (dilation[1] * (kw - 1) + 1)) / stride[1] + 1; }
+  std::map<std::string, AttrValue> attrs() const {
+    return {{"stride", stride}, {"padding", padding}, {"dilation", dilation}, {"groups", groups},
+            {"offset_groups", offset_groups}};
+  }
+};
+
+template <typename T>
+T bilinear(const T* plane, int64_t h, int64_t w, T y, T x) {
+  if (y <= -1 || y >= h || x <= -1 || x >= w) return 0;
+  const int64_t y0 = static_cast<int64_t>(std::floor(y)), x0 = static_cast<int64_t>(std::floor(x));
+  const T ly = y - y0, lx = x - x0;
+  auto at = [&](int64_t yy, int64_t xx) { return (yy >= 0 && yy < h && xx >= 0 && xx < w) ? plane[yy * w + xx] : T(0); };
+  return (1 - ly) * (1 - lx) * at(y0, x0) + (1 - ly) * lx * at(y0, x0 + 1) + ly * (1 - lx) * at(y0 + 1, x0) +
+         ly * lx * at(y0 + 1, x0 + 1);
+}
+
+// The direct definition, accumulated in double.
+template <typename T>
+std::vector<double> naive(const Config& cf, const std::vector<T>& in, const std::vector<T>& wt,
+                          const std::vector<T>& off, const std::vector<T>* bias, const std::vector<T>* mask) {
+  const int64_t ho_n = cf.h_out(), wo_n = cf.w_out(), kk = cf.kh * cf.kw;
+  const int64_t cg = cf.c_in / cf.groups, mg = cf.c_out / cf.groups, cog = cf.c_in / cf.offset_groups;
+  std::vector<double> out(static_cast<size_t>(cf.n * cf.c_out * ho_n * wo_n));
+  for (int64_t n = 0; n < cf.n; ++n)
+    for (int64_t co = 0; co < cf.c_out; ++co)
+      for (int64_t ho = 0; ho < ho_n; ++ho)
+        for (int64_t wo = 0; wo < wo_n; ++wo) {
+          double acc = bias ? double((*bias)[co]) : 0.0;
+          const int64_t grp = co / mg;
+          for (int64_t cl = 0; cl < cg; ++cl) {
+            const int64_t c = grp * cg + cl, og = c / cog;
+            for (int64_t i = 0; i < cf.kh; ++i)
+              for (int64_t j = 0; j < cf.kw; ++j) {
+                const int64_t k = i * cf.kw + j;
+                auto at4 = [&](const std::vector<T>& t, int64_t ch, int64_t chans) {
+                  return t[static_cast<size_t>(((n * chans + ch) * ho_n + ho) * wo_n + wo)];
+                };
+                const int64_t oc = 2 * cf.offset_groups * kk;
+                const T y = T(ho * cf.stride[0] - cf.padding[0] + i * cf.dilation[0]) + at4(off, 2 * (og * kk + k), oc);
+                const T x = T(wo * cf.stride[1] - cf.padding[1] + j * cf.dilation[1]) + at4(off, 2 * (og * kk + k) + 1, oc);
+                T v = bilinear(&in[static_cast<size_t>((n * cf.c_in + c) * cf.h * cf.w)], cf.h, cf.w, y, x);
+                if (mask) v *= at4(*mask, og * kk + k, cf.offset_groups * kk);
+                acc += double(wt[static_cast<size_t>(((co * cg + cl) * cf.kh + i) * cf.kw + j)]) * double(v);
+              }
+          }
+          out[static_cast<size_t>(((n * cf.c_out + co) * ho_n + ho) * wo_n + wo)] = acc;
+        }
+  return out;
+}
+
+struct Inputs {
+  Tensor input, weight, offset;
+  std::optional<Tensor> bias, mask;
+};
+
+template <typename T>
+Inputs make_inputs(const Config& cf, uint32_t seed) {
+  const int64_t kk = cf.kh * cf.kw;
+  Inputs in{Tensor::random<T>({cf.n, cf.c_in, cf.h, cf.w}, seed),
+            Tensor::random<T>({cf.c_out, cf.c_in / cf.groups, cf.kh, cf.kw}, seed + 1),
+            Tensor::random<T>({cf.n, 2 * cf.offset_groups * kk, cf.h_out(), cf.w_out()}, seed + 2),
+            {}, {}};
+  T* o = in.offset.view.data_as<T>();
+  for (int64_t i = 0; i < in.offset.view.numel(); ++i) o[i] = static_cast<T>(o[i] * cf.offset_scale);
+  if (cf.bias) in.bias = Tensor::random<T>({cf.c_out}, seed + 3);
+  if (cf.mask) in.mask = Tensor::random<T>({cf.n, cf.offset_groups * kk, cf.h_out(), cf.w_out()}, seed + 4);
+  return in;
+}
+
+std::vector<Tensor> run_op(const Config& cf, const Inputs& in, bool threaded = true) {
+  return run("deform_conv2d", {in.input, in.weight, in.offset, in.bias, in.mask}, cf.attrs(), threaded);
+}
+
+template <typename T>
+void check(const Config& cf, uint32_t seed = 1) {
+  Inputs in = make_inputs<T>(cf, seed);
+  auto out = run_op(cf, in);
+  ASSERT_EQ(out[0].view.shape, (Shape{cf.n, cf.c_out, cf.h_out(), cf.w_out()}));
+  std::vector<T> bias = in.bias ? in.bias->values<T>() : std::vector<T>{};
+  std::vector<T> mask = in.mask ? in.mask->values<T>() : std::vector<T>{};
+  auto want = naive<T>(cf, in.input.values<T>(), in.weight.values<T>(), in.offset.values<T>(),
+                       in.bias ? &bias : nullptr, in.mask ? &mask : nullptr);
+  auto got = out[0].values<T>();
+  ASSERT_EQ(got.size(), want.size());
+  const double tol = std::is_same_v<T, float> ? 2e-5 : 1e-12;
+  const double scale = double(cf.c_in / cf.groups * cf.kh * cf.kw) * 4.0;  // bound on |terms| summed
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol * scale) << "element " << i;
+  // The work split does not change a single bit.
+  auto serial = run_op(cf, in, /*threaded=*/false);
+  EXPECT_EQ(serial[0].values<T>(), got);
+}
+
+TEST(DeformConv2dKernel, MaskAndBias) { check<float>(Config{}); }
+TEST(DeformConv2dKernel, NoMaskNoBias) {
+  Config cf;
+  cf.mask = cf.bias = false;
+  check<float>(cf);
+}
+TEST(DeformConv2dKernel, MaskWithoutBias) {
+  Config cf;
+  cf.bias = false;
+  check<float>(cf);
+}
+TEST(DeformConv2dKernel, Float64StrideTwoPadding) {
+  Config cf;
+  cf.stride = {2, 2};
+  cf.padding = {1, 2};
+  check<double>(cf);
+}
+TEST(DeformConv2dKernel, DilationNonSquare) {
+  Config cf;
+  cf.h = 9, cf.w = 11, cf.kh = 2, cf.kw = 3;
+  cf.dilation = {2, 3};
+  cf.padding = {1, 0};
+  check<double>(cf);
+}
+TEST(DeformConv2dKernel, GroupsAndOffsetGroups) {
+  Config cf;
+  cf.c_in = 12, cf.c_out = 9, cf.groups = 3, cf.offset_groups = 2;  // groups straddle offset groups
+  check<float>(cf);
+  cf.groups = 2, cf.c_out = 4, cf.offset_groups = 4;
+  check<double>(cf);
+  cf.mask = false;
+  check<double>(cf);
+}
+TEST(DeformConv2dKernel, FarOffsetsAllOutside) {
+  Config cf;
+  cf.offset_scale = 100.0;
+  check<double>(cf);
+}
+TEST(DeformConv2dKernel, ManyTilesAndWideGemm) {
+  // Enough output pixels and depth for several tiles per image and a real blocked GEMM.
+  Config cf;
+  cf.n = 2, cf.c_in = 48, cf.c_out = 40, cf.h = 30, cf.w = 29;
+  cf.padding = {1, 1};
+  check<float>(cf);
+  cf.groups = 4, cf.offset_groups = 3, cf.stride = {2, 1};
+  check<double>(cf);
+}
+TEST(DeformConv2dKernel, OnePixelOutput) {
+  Config cf;
+  cf.h = 3, cf.w = 3;
+  check<float>(cf);
+}
+
+TEST(DeformConv2dKernel, IntegerOffsetsSampleExactly) {
+  // 1x1 kernel, offset (+1, -1): output(y, x) = w·input(y + 1, x - 1), 0 where that is outside.
+  Config cf;
+  cf.n = 1, cf.c_in = 1, cf.c_out = 1, cf.kh = cf.kw = 1, cf.h = 4, cf.w = 5;
+  cf.bias = cf.mask = false;
+  Inputs in = make_inputs<double>(cf, 7);
+  std::vector<double> off(2 * 4 * 5);
+  for (int p = 0; p < 20; ++p) off[p] = 1.0, off[20 + p] = -1.0;
+  in.offset = Tensor::of<double>({1, 2, 4, 5}, off);
+  auto got = run_op(cf, in)[0].values<double>();
+  auto x = in.input.values<double>();
+  const double w = in.weight.values<double>()[0];
+  for (int y = 0; y < 4; ++y)
+    for (int xx = 0; xx < 5; ++xx) {
+      const bool inside = y + 1 < 4 && xx - 1 >= 0;
+      EXPECT_EQ(got[y * 5 + xx], inside ? w * x[(y + 1) * 5 + xx - 1] : 0.0) << y << "," << xx;
+    }
+}
+
+TEST(DeformConv2dKernel, ZeroOffsetsIsPlainConvolution) {
+  Config cf;
+  cf.padding = {1, 1};
+  cf.mask = false;
+  Inputs in = make_inputs<double>(cf, 11);
+  std::fill_n(in.offset.view.data_as<double>(), in.offset.view.numel(), 0.0);
+  auto got = run_op(cf, in)[0].values<double>();
+  auto x = in.input.values<double>(), wt = in.weight.values<double>(), b = in.bias->values<double>();
+  for (int64_t n = 0; n < cf.n; ++n)
+    for (int64_t co = 0; co < cf.c_out; ++co)
+      for (int64_t y = 0; y < cf.h_out(); ++y)
+        for (int64_t xx = 0; xx < cf.w_out(); ++xx) {
+          double acc = b[co];
+          for (int64_t c = 0; c < cf.c_in; ++c)
+            for (int64_t i = 0; i < 3; ++i)
+              for (int64_t j = 0; j < 3; ++j) {
+                const int64_t yy = y - 1 + i, xi = xx - 1 + j;
+                if (yy >= 0 && yy < cf.h && xi >= 0 && xi < cf.w)
+                  acc += wt[((co * cf.c_in + c) * 3 + i) * 3 + j] * x[((n * cf.c_in + c) * cf.h + yy) * cf.w + xi];
+              }
+          EXPECT_NEAR(got[((n * cf.c_out + co) * cf.h_out() + y) * cf.w_out() + xx], acc, 1e-12);
+        }
+}
+
+TEST(DeformConv2dKernel, NanOffsetReachesOnlyItsPixel) {
+  Config cf;
+  cf.n = 1;
+  Inputs in = make_inputs<float>(cf, 5);
+  in.offset.view.data_as<float>()[3] = std::numeric_limits<float>::quiet_NaN();  // y offset of tap 0 at pixel 3
+  auto got = run_op(cf, in)[0].values<float>();
+  const int64_t pixels = cf.h_out() * cf.w_out();
+  for (int64_t co = 0; co < cf.c_out; ++co)
+    for (int64_t p = 0; p < pixels; ++p) EXPECT_EQ(std::isnan(got[co * pixels + p]), p == 3) << co << "," << p;
+}
+
+TEST(DeformConv2dKernel, EmptyBatchAndNoChannels) {
+  Config cf;
+  cf.n = 0;
+  Inputs in = make_inputs<float>(cf, 1);
+  EXPECT_EQ(run_op(cf, in)[0].view.shape, (Shape{0, 6, 5, 4}));
+  // No input channels: an empty sum, the output is the bias.
+  Config c0;
+  c0.c_in = 0;
+  Inputs i0 = make_inputs<float>(c0, 2);
+  auto got = run_op(c0, i0)[0].values<float>();
+  auto b = i0.bias->values<float>();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], b[(i / 20) % 6]);
+}
+
+void expect_error(const Config& cf, const std::string& what, const std::function<void(Inputs&)>& edit = {}) {
+  Inputs in = make_inputs<float>(cf, 3);
+  if (edit) edit(in);
+  try {
+    run_op(cf, in);
+    ADD_FAILURE() << "no error, expected: " << what;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+TEST(DeformConv2dKernel, RejectsBadAttributes) {
+  Config cf;
+  cf.stride = {1, 1, 1};
+  expect_error(cf, "attribute 'stride' must have 2 values");
+  cf = Config{}, cf.padding = {-1, 0};
+  cf.h = 9;  // keeps the output size positive, so only the kernel can object
+  expect_error(cf, "attribute 'padding' values must be >= 0, got [-1, 0]");
+  cf = Config{}, cf.dilation = {1, 0};
+  expect_error(cf, "attribute 'dilation' values must be >= 1");
+  cf = Config{}, cf.c_out = 6, cf.c_in = 4, cf.groups = 4;
+  expect_error(cf, "output channels (weight.shape[0] = 6) must be divisible by groups (4)");
+  cf = Config{}, cf.c_in = 4, cf.offset_groups = 3;
+  expect_error(cf, "input channels (4) must be divisible by offset_groups (3)");
+}
+
+TEST(DeformConv2dKernel, RejectsBadShapes) {
+  Config cf;
+  expect_error(cf, "mask must have offset_groups*kh*kw = 9 channels, got 8", [](Inputs& in) {
+    in.mask = Tensor::random<float>({2, 8, 5, 4}, 1);
+  });
+  expect_error(cf, "input channels must equal weight.shape[1] * groups", [](Inputs& in) {
+    in.weight = Tensor::random<float>({6, 3, 3, 3}, 1);
+  });
+  expect_error(cf, "offset must have 2*offset_groups*kh*kw channels", [](Inputs& in) {
+    in.offset = Tensor::random<float>({2, 9, 5, 4}, 1);
+  });
+  expect_error(cf, "offset height must be the output height", [](Inputs& in) {
+    in.offset = Tensor::random<float>({2, 18, 4, 4}, 1);
+  });
+  expect_error(cf, "mask width must be the output width", [](Inputs& in) {
+    in.mask = Tensor::random<float>({2, 9, 5, 5}, 1);
+  });
+  expect_error(cf, "bias must have weight.shape[0] values", [](Inputs& in) {
+    in.bias = Tensor::random<float>({5}, 1);
+  });
+  cf.h = 2;  // output height 0
+  expect_error(cf, "output size would be 0x4");
+}
+
+// Every variant of the hot loops that this build has and this CPU runs, against naive loops.
+std::vector<deform_conv2d_impl::Variant> runnable_variants() {
+  using namespace deform_conv2d_impl;
+  std::vector<Variant> v{baseline_variant()};
+  if (cpu_has_avx2() && avx2_variant().isa) v.push_back(avx2_variant());
+  if (cpu_has_avx512() && avx512_variant().isa) v.push_back(avx512_variant());
+  return v;
+}
+
+template <typename T>
+void check_gemm(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) {
+  for (auto [m, k, n] : {std::array<int64_t, 3>{1, 1, 1}, {7, 13, 5}, {64, 576, 113}, {33, 0, 9}}) {
+    Tensor a = Tensor::random<T>({m, k}, 1), b = Tensor::random<T>({n, k}, 2), bias = Tensor::random<T>({m}, 3);
+    const int64_t ldo = n + 3;
+    for (bool with_bias : {false, true}) {
+      std::vector<T> out(static_cast<size_t>(m * ldo), T(-7));
+      kernels.gemm(a.view.data_as<T>(), b.view.data_as<T>(), with_bias ? bias.view.data_as<T>() : nullptr,
+                   out.data(), m, k, n, ldo);
+      auto av = a.values<T>(), bv = b.values<T>(), biv = bias.values<T>();
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < ldo; ++j) {
+          if (j >= n) {
+            EXPECT_EQ(out[i * ldo + j], T(-7)) << isa << ": wrote past the row";
+            continue;
+          }
+          double acc = with_bias ? biv[i] : 0.0;
+          for (int64_t q = 0; q < k; ++q) acc += double(av[i * k + q]) * double(bv[j * k + q]);
+          const double tol = (std::is_same_v<T, float> ? 1e-5 : 1e-13) * double(k + 1);
+          EXPECT_NEAR(out[i * ldo + j], acc, tol) << isa << " m=" << m << " k=" << k << " n=" << n;
+        }
+    }
+  }
+}
+
+template <typename T>
+void check_columns(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) {
+  using deform_conv2d_impl::Corner;
+  // 3 offset groups of 7 channels; the group [5, 19) straddles all three.
+  const int64_t c_in = 21, cog = 7, c_begin = 5, cg = 14, kk = 2, tile = 6, len = 5, ph = 4, pw = 5;
+  Tensor image = Tensor::random<T>({ph, pw, c_in}, 1), mask = Tensor::random<T>({3, kk, tile}, 2);
+  std::vector<Corner<T>> corners(3 * kk * tile);
+  std::mt19937 gen(3);
+  for (auto& c : corners) {
+    c.pixel = std::uniform_int_distribution<int64_t>(0, (ph - 1) * pw - 2)(gen);  // all four neighbours inside
+    for (T& w : c.w) w = std::uniform_real_distribution<T>(-1, 1)(gen);
+  }
+  for (bool masked : {false, true}) {
+    std::vector<T> cols(static_cast<size_t>(len * kk * cg), T(-7));
+    kernels.columns({image.view.data_as<T>(), corners.data(), masked ? mask.view.data_as<T>() : nullptr, cols.data(),
+                     len, tile, kk, c_begin, cg, cog, c_in, pw});
+    auto im = image.values<T>(), mk = mask.values<T>();
+    for (int64_t q = 0; q < len; ++q)
+      for (int64_t k = 0; k < kk; ++k)
+        for (int64_t c = 0; c < cg; ++c) {
+          const int64_t ch = c_begin + c, slot = ((ch / cog) * kk + k) * tile + q;
+          const Corner<T>& s = corners[slot];
+          const int64_t nb[4] = {s.pixel, s.pixel + 1, s.pixel + pw, s.pixel + pw + 1};
+          double want = 0;
+          for (int t = 0; t < 4; ++t) want += double(s.w[t]) * double(im[nb[t] * c_in + ch]);
+          if (masked) want *= double(mk[slot]);
+          const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-14;
+          EXPECT_NEAR(cols[(q * kk + k) * cg + c], want, tol) << isa;
+        }
+  }
+}
+
+TEST(DeformConv2dVariants, EveryRunnableVariant) {
+  std::string names;
+  for (const auto& v : runnable_variants()) {
+    check_gemm<float>(v.f32, v.isa);
+    check_gemm<double>(v.f64, v.isa);
+    check_columns<float>(v.f32, v.isa);
+    check_columns<double>(v.f64, v.isa);
+    names += std::string(" ") + v.isa;
+  }
+  std::cout << "variants checked:" << names << "; the kernel runs " << deform_conv2d_impl::best_variant().isa << "\n";
+  EXPECT_EQ(runnable_variants().back().isa, deform_conv2d_impl::best_variant().isa);
+}
+
+}  // namespace
+}  // namespace opbridge::testing

@@ -1,0 +1,81 @@
+// The bodies of deform_conv2d's hot loops, compiled once per instruction set: included by exactly
+// one source file per variant (deform_conv2d.cc, *_avx2.cc, *_avx512.cc), each built with its own
+// flags. A file built for a wider ISA renames Eigen (#define Eigen ...) before including this, and
+// everything here has internal linkage, so the linker never merges a wide-ISA copy of an inline
+// function with the baseline one.
+#pragma once
+
+#include <Eigen/Core>
+
+#include <algorithm>
+
+#include "deform_conv2d_variants.h"
+
+namespace opbridge::deform_conv2d_impl {
+namespace {
+
+template <typename T, bool kMasked>
+void fill_columns(const ColumnJob<T>& j) {
+  const int64_t kg = j.cg * j.kk, c_end = j.c_begin + j.cg;
+  for (int64_t q = 0; q < j.len; ++q)
+    for (int64_t k = 0; k < j.kk; ++k) {
+      T* col = j.columns + q * kg + k * j.cg;
+      // The group's channels may span several offset groups, each with its own sample.
+      for (int64_t c0 = j.c_begin; c0 < c_end;) {
+        const int64_t og = c0 / j.cog, c1 = std::min(c_end, (og + 1) * j.cog);
+        const int64_t slot = (og * j.kk + k) * j.tile + q;
+        const Corner<T>& s = j.corners[slot];
+        const T* __restrict a = j.image + s.pixel * j.c_in + c0;  // the four neighbours: runs of channels
+        const T* __restrict b = a + j.c_in;
+        const T* __restrict c = a + j.padded_w * j.c_in;
+        const T* __restrict d = c + j.c_in;
+        T* __restrict o = col + (c0 - j.c_begin);
+        const int64_t n = c1 - c0;
+        const T w0 = s.w[0], w1 = s.w[1], w2 = s.w[2], w3 = s.w[3];
+        if constexpr (kMasked) {
+          const T m = j.mask[slot];  // applied after interpolation, as torchvision does
+          for (int64_t ch = 0; ch < n; ++ch) o[ch] = m * (w0 * a[ch] + w1 * b[ch] + w2 * c[ch] + w3 * d[ch]);
+        } else {
+          for (int64_t ch = 0; ch < n; ++ch) o[ch] = w0 * a[ch] + w1 * b[ch] + w2 * c[ch] + w3 * d[ch];
+        }
+        c0 = c1;
+      }
+    }
+}
+
+template <typename T>
+void columns(const ColumnJob<T>& j) {
+  if (j.mask)
+    fill_columns<T, true>(j);
+  else
+    fill_columns<T, false>(j);
+}
+
+template <typename T>
+void gemm(const T* a, const T* b, const T* bias, T* out, int64_t m, int64_t k, int64_t n, int64_t ldo) {
+  using RowMajor = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using ColMajor = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
+  using Vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+  Eigen::Map<RowMajor, Eigen::Unaligned, Eigen::OuterStride<>> C(out, m, n, Eigen::OuterStride<>(ldo));
+  Eigen::Map<const RowMajor> A(a, m, k);
+  Eigen::Map<const ColMajor> B(b, k, n);
+  if (bias) {
+    C.colwise() = Eigen::Map<const Vector>(bias, m);
+    if (k > 0) C.noalias() += A * B;
+  } else if (k > 0) {
+    C.noalias() = A * B;
+  } else {
+    C.setZero();  // an empty sum
+  }
+}
+
+Variant this_variant(const char* isa) {
+  Variant v;
+  v.f32 = {&columns<float>, &gemm<float>};
+  v.f64 = {&columns<double>, &gemm<double>};
+  v.isa = isa;
+  return v;
+}
+
+}  // namespace
+}  // namespace opbridge::deform_conv2d_impl

@@ -1,0 +1,56 @@
+// deform_conv2d's two hot loops — filling a column block with bilinear samples, and the GEMM — in
+// one variant per instruction set. The rest of the build targets the baseline ISA (x86-64: SSE2),
+// where Eigen's GEMM runs at a fraction of its AVX2/AVX-512 speed, so deform_conv2d_avx2.cc and
+// deform_conv2d_avx512.cc build the same code for those and best_variant() picks one at run time.
+// This header only declares (no Eigen), so the tests can call every variant.
+#pragma once
+
+#include <cstdint>
+
+namespace opbridge::deform_conv2d_impl {
+
+// One bilinear sample: the top-left neighbour's pixel in the zero-bordered channels-last image and
+// the weights of the four neighbours (top-left, top-right, bottom-left, bottom-right).
+template <typename T>
+struct Corner {
+  int64_t pixel;
+  T w[4];
+};
+
+// Fill the column block of one tile of output pixels and one convolution group.
+template <typename T>
+struct ColumnJob {
+  const T* image;            // (H+2, W+2, C_in): channels-last with a zero border
+  const Corner<T>* corners;  // [offset group][kernel position][pixel of the tile], `tile` per row
+  const T* mask;             // same layout as corners; null without a mask
+  T* columns;                // out: [pixel of the tile][kernel position][channel of the group]
+  int64_t len, tile;         // pixels in this tile; pixels per corners row
+  int64_t kk, c_begin, cg;   // kernel positions; the group's first channel and channel count
+  int64_t cog, c_in, padded_w;
+};
+
+template <typename T>
+struct Kernels {
+  void (*columns)(const ColumnJob<T>& job) = nullptr;
+  // out (m × n, rows `ldo` apart) = a · b (+ bias[row]); a (m × k) row-major, b (k × n)
+  // column-major (column j starts at b + j·k); bias may be null.
+  void (*gemm)(const T* a, const T* b, const T* bias, T* out, int64_t m, int64_t k, int64_t n, int64_t ldo) = nullptr;
+};
+
+struct Variant {
+  Kernels<float> f32;
+  Kernels<double> f64;
+  const char* isa = nullptr;  // null: not in this build
+};
+
+Variant baseline_variant();
+// Each compiled for its own instruction set: call only on a CPU that has it (cpu_has_avx2() /
+// cpu_has_avx512()). An empty Variant when this build has none (not x86-64, or not GCC/Clang).
+Variant avx2_variant();
+Variant avx512_variant();
+bool cpu_has_avx2();    // AVX2 and FMA
+bool cpu_has_avx512();  // AVX-512 F, DQ, VL, BW (and AVX2, FMA)
+// The fastest variant this build and this CPU can run.
+const Variant& best_variant();
+
+}  // namespace opbridge::deform_conv2d_impl
