@@ -64,7 +64,8 @@ void* KernelContext::allocate(size_t, DType dtype, const Shape& shape) {
 }
 
 void* KernelContext::scratch(size_t bytes) {
-  auto buf = std::make_unique<std::byte[]>(bytes);
+  // Not zero-filled (make_unique would be): kernels write their scratch before reading it.
+  std::unique_ptr<std::byte[]> buf(new std::byte[bytes]);
   std::lock_guard<std::mutex> lock(scratch_mu_);
   scratch_.push_back(std::move(buf));
   return scratch_.back().get();

@@ -299,6 +299,14 @@ OPBRIDGE_OP(deform_conv2d)
     .check(dim_of_first({"mask", "offset"}, 3) == out_size(1), "mask width must be the output width")
     .output("output", "T", shape::dims({dim("input", 0), dim("weight", 0), out_size(0), out_size(1)}),
             "(N, C_out, H_out, W_out), H_out = (H + 2*pad_h - (dil_h*(kh - 1) + 1)) // stride_h + 1, W_out alike")
-    .cpu(deform_conv2d_kernel);
+    .cpu(deform_conv2d_kernel)
+    // ai.onnx DeformConv (opset 19) has this op's inputs in this order; its pads list both sides.
+    // Below 19, or with custom_nodes=True, the opbridge node runs this kernel instead.
+    .export_as(ExportTo("DeformConv", 19)
+                   .attr("strides", {"stride"})
+                   .attr("pads", {"padding", "padding"})
+                   .attr("dilations", {"dilation"})
+                   .attr("group", {"groups"})
+                   .attr("offset_group", {"offset_groups"}));
 
 }  // namespace opbridge

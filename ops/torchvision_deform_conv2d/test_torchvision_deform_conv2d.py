@@ -41,6 +41,9 @@ def torchvision_op():
     return torch.ops.torchvision.deform_conv2d
 
 
+torchvision_op()  # exists before export, as after `import torchvision`
+
+
 class Net(torch.nn.Module):
     """A DCNv2 block as torchvision.ops.deform_conv2d calls the op."""
 
@@ -48,7 +51,9 @@ class Net(torch.nn.Module):
         super().__init__()
         self.cfg = (stride, stride, pad, pad, dil, dil, groups, offset_groups, use_mask)
 
-    def forward(self, x, weight, offset, mask, bias):
+    def forward(self, x, weight, offset, bias, mask=None):
+        if mask is None:  # what torchvision.ops.deform_conv2d passes without a mask
+            mask = torch.zeros((x.shape[0], 1), dtype=x.dtype)
         return torchvision_op()(x, weight, offset, mask, bias, *self.cfg) * 2
 
 
@@ -58,10 +63,10 @@ def inputs(n=1, c_in=4, c_out=6, size=7, k=3, stride=1, pad=1, dil=1, groups=1, 
     x = r([n, c_in, size, size], dtype, seed=1)
     w = r([c_out, c_in // groups, k, k], dtype, seed=2, low=-0.5, high=0.5)
     off = r([n, 2 * offset_groups * k * k, out, out], dtype, seed=3, low=-1.5, high=1.5)
-    mask = r([n, offset_groups * k * k, out, out], dtype, seed=4, low=0.0, high=1.0) if use_mask \
-        else torch.zeros(n, 1, dtype=getattr(torch, dtype))
     bias = r([c_out], dtype, seed=5)
-    return x, w, off, mask, bias
+    if not use_mask:
+        return x, w, off, bias
+    return x, w, off, bias, r([n, offset_groups * k * k, out, out], dtype, seed=4, low=0.0, high=1.0)
 
 
 CONFIGS = {
@@ -121,7 +126,7 @@ def test_float64_through_the_opbridge_node():
 
 def test_dynamic_batch():
     net, args = _net({}), inputs(n=2)
-    names = ["x", "weight", "offset", "mask", "bias"]
+    names = ["x", "weight", "offset", "bias", "mask"]
     m = opbridge.export(net, args, input_names=names,
                         dynamic_axes={"x": {0: "batch"}, "offset": {0: "batch"}, "mask": {0: "batch"}})
     sess = opbridge.session(m)
@@ -139,7 +144,7 @@ def test_torchvision_ops_deform_conv2d_exports_and_matches_torchvision(exporter)
         def forward(self, x, offset, weight, mask):
             return deform_conv2d(x, offset, weight, padding=(1, 1), mask=mask)
 
-    x, w, off, mask, _ = inputs()
+    x, w, off, _, mask = inputs()
     for opset, node in ((19, ("", "DeformConv")), (18, ("opbridge", "DeformConv2d"))):
         m = opbridge.export(TV(), (x, off, w, mask), exporter=exporter, opset=opset)
         assert node in _nodes(m)
