@@ -30,6 +30,23 @@ function(opbridge_add_op_library name)
 OPBRIDGE_LIBRARY(\"${name}\", \"${ARG_TORCH_NAMESPACE}\", \"${ARG_ONNX_DOMAIN}\", ${ARG_DOMAIN_VERSION})
 ")
 
+  # Sources named *_avx2.cc / *_avx512.cc hold variants of hot loops for those instruction sets;
+  # the op picks one at run time after checking the CPU (everything else targets the baseline
+  # ISA). Elsewhere they compile without the flags and must then offer no variant.
+  if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    foreach(isa avx2 avx512)
+      set(isa_sources ${ARG_SOURCES})
+      list(FILTER isa_sources INCLUDE REGEX "_${isa}\\.cc$")
+      set(isa_flags -mavx2 -mfma)
+      if(isa STREQUAL "avx512")
+        list(APPEND isa_flags -mavx512f -mavx512dq -mavx512vl -mavx512bw)
+      endif()
+      if(isa_sources)
+        set_source_files_properties(${isa_sources} PROPERTIES COMPILE_OPTIONS "${isa_flags}")
+      endif()
+    endforeach()
+  endif()
+
   add_library(${name}_ops OBJECT ${ARG_SOURCES} ${info_cc})
   target_link_libraries(${name}_ops PUBLIC opbridge::core)
   set_target_properties(${name}_ops PROPERTIES POSITION_INDEPENDENT_CODE ON CXX_VISIBILITY_PRESET hidden

@@ -245,8 +245,7 @@ def _torch_schema(op) -> str | None:
 
 
 def export_summary(op) -> str:
-    """Which ONNX node the op becomes, by target opset: 'opbridge::DeformConv2d v1; ai.onnx::DeformConv from
-    opset 19'."""
+    """Which ONNX node the op becomes, by target opset, e.g. 'opbridge::MyConv v1; ai.onnx::Conv from opset 11'."""
     parts = []
     if op.export_kind == "custom":
         parts.append(f"{_domain(op.onnx_domain)}::{op.onnx_type} v{op.since_version}")

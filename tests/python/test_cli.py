@@ -116,6 +116,12 @@ def node_cases():
 # --- ops ---------------------------------------------------------------------------------------
 
 
+def _schema_in_a_fresh_process(op):
+    # The CLI runs in its own process, where ops of libraries that are not imported there (e.g.
+    # torchvision's, or the stand-in some tests define) do not exist.
+    return str(op.overload._schema) if op.torch_op.split("::")[0] in ("opbridge", "aten") else None
+
+
 def test_ops_json_lists_every_loaded_op():
     r = run("ops", "--json")
     assert r.returncode == 0, r.stderr
@@ -124,7 +130,7 @@ def test_ops_json_lists_every_loaded_op():
     assert sorted(got) == sorted(op.name for op in opbridge.all_ops())
     for op in opbridge.all_ops():
         o = got[op.name]
-        assert o["torch_schema"] == str(op.overload._schema)
+        assert o["torch_schema"] == _schema_in_a_fresh_process(op)
         assert o["export"]["kind"] == op.export_kind and o["export"]["rules"] == op.export_rules
         if op.has_own_node:
             assert o["export"]["own_node"] == {"domain": op.onnx_domain, "op_type": op.onnx_type,
@@ -148,7 +154,7 @@ def test_ops_table_shows_signatures_and_mapping():
     r = run("ops")
     assert r.returncode == 0, r.stderr
     for op in opbridge.all_ops():
-        assert f"torch: {op.overload._schema}" in r.stdout
+        assert f"torch: {_schema_in_a_fresh_process(op) or op.torch_op + ' (not in this torch build)'}" in r.stdout
         row = next(ln for ln in r.stdout.splitlines() if ln.startswith(op.name + " "))
         assert op.export_kind in row
         for rule in op.export_rules:

@@ -124,8 +124,8 @@ struct OutputSpec {
 // below applies; an op without one needs a rule or a function body.
 //
 // A rule writes the op as another op: a standard ai.onnx op from `min_opset` on (DeformConv from
-// 19, Resize from 11), or a custom op of this library (an existing PyTorch op with another
-// signature, such as torchvision::deform_conv2d, written as the library's own node). Inputs and
+// 19, Resize from 13), or a custom op of this library (an existing PyTorch op of another
+// library, with another signature, written as this library's own node). Inputs and
 // attributes are mapped by name, so the two signatures need not agree.
 struct ExportInput {
   std::string name;  // an input of this op; "" writes an empty (omitted) slot
@@ -175,7 +175,7 @@ struct OpSpec {
   std::string qualified_name() const;  // "<namespace>::<name>" or torch_op
 };
 
-// "knn_query" -> "KnnQuery": the rule that names every custom ONNX op.
+// "my_op" -> "MyOp": the rule that names every custom ONNX op.
 std::string camel_case(std::string_view snake);
 
 }  // namespace opbridge
