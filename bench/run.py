@@ -29,11 +29,13 @@ def modules() -> list[str]:
 
 
 def table(rows: list[Row]) -> str:
-    lines = [f"{'benchmark':<44} {'implementation':<40} {'median ms':>10} {'min ms':>9} {'ratio':>8}"]
+    bw = max([len("benchmark")] + [len(r.benchmark) for r in rows])
+    iw = max([len("implementation")] + [len(r.impl) for r in rows])
+    lines = [f"{'benchmark':<{bw}} {'implementation':<{iw}} {'median ms':>10} {'min ms':>9} {'ratio':>8}"]
     for r in rows:
         first = _first(rows, r.benchmark)
         ratio = "subject" if r is first else f"{r.median_ms / first.median_ms:.2f}x"
-        lines.append(f"{r.benchmark:<44} {r.impl:<40} {r.median_ms:>10.3f} {r.min_ms:>9.3f} {ratio:>8}"
+        lines.append(f"{r.benchmark:<{bw}} {r.impl:<{iw}} {r.median_ms:>10.3f} {r.min_ms:>9.3f} {ratio:>8}"
                      + (f"  ({r.note})" if r.note else ""))
     return "\n".join(lines)
 
