@@ -102,7 +102,11 @@ class ShapeInference {
       case K::Add: return T::add(eval(n.lhs), eval(n.rhs));
       case K::Sub: return T::sub(eval(n.lhs), eval(n.rhs));
       case K::Mul: return T::mul(eval(n.lhs), eval(n.rhs));
-      case K::FloorDiv: return T::floordiv(eval(n.lhs), eval(n.rhs));
+      case K::FloorDiv: {
+        D divisor = eval(n.rhs);  // name the expression: "divides by zero" alone says too little
+        OB_CHECK(!T::eq(divisor, T::from(0)), "shape rule ", e.str(), " divides by zero (", n.rhs.str(), " = 0)");
+        return T::floordiv(eval(n.lhs), divisor);
+      }
       case K::Data: break;  // only ever a whole output dimension (validate_spec), see output()
     }
     throw Error("unknown shape expression");
