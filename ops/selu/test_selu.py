@@ -66,3 +66,35 @@ def test_exported_as_a_function_that_plain_onnxruntime_runs(exporter):
 def test_opset_too_old_for_the_body_is_a_clear_error():
     with pytest.raises(opbridge.OpbridgeError, match=r"aten::selu: cannot be exported at opset 14: .*Selu from opset 15"):
         opbridge.export(Model(), (r([2, 2]),), exporter="torchscript", opset=14)
+
+
+def test_same_results_as_the_seed_onnxscript_function():
+    # The seed note's Selu, written with onnxscript in its own custom domain: opbridge's function
+    # (ONNX text in the C++ definition) must compute what that one computes in ONNX Runtime.
+    import onnxscript
+    from onnx import helper
+    from onnxscript.onnx_opset import opset15 as op
+
+    custom = onnxscript.values.Opset(domain="custom-onnx-script", version=1)
+
+    @onnxscript.script(custom)
+    def Selu(X):
+        alpha = op.CastLike(1.67326, X)
+        gamma = op.CastLike(1.0507, X)
+        neg = gamma * (alpha * op.Exp(X) - alpha)
+        pos = gamma * X
+        return op.Where(X <= op.CastLike(0, X), neg, pos)
+
+    x = r([64], seed=3)
+    node = helper.make_node("Selu", ["x"], ["y"], domain="custom-onnx-script")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [64])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [64])])
+    seed_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15),
+                                                         helper.make_opsetid("custom-onnx-script", 1)],
+                                   functions=[Selu.to_function_proto()], ir_version=10)
+    sess = ort.InferenceSession(seed_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (seed,) = sess.run(None, {"x": x.numpy()})
+    ours = opbridge.session(opbridge.export(Model(), (x,))).run(None, {"x": x.numpy()})[0] / 2
+    # The seed rounds its constants to 5 digits (1.67326, 1.0507); PyTorch's are exact.
+    np.testing.assert_allclose(ours, seed, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours, torch.nn.functional.selu(x).numpy(), rtol=2e-6, atol=1e-6)
