@@ -375,6 +375,34 @@ def test_inspect_agrees_with_onnxruntime_on_every_onnx_node_model(node_cases):
     assert runnable > 1000 and missing > 50  # both verdicts are exercised
 
 
+def test_inspect_agrees_with_onnxruntime_on_the_shipped_model_files():
+    """The model files the onnx wheel does ship (onnx/backend/test/data/{simple,light,pytorch-*,...}),
+    through the CLI itself on a sample and in-process on all of them."""
+    shipped = sorted((Path(onnx.__file__).parent / "backend" / "test" / "data").glob("*/*/model.onnx"))
+    if not shipped:
+        pytest.skip("this onnx wheel ships no model files")
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    disagree = []
+    for path in shipped:
+        model = onnx.load(path)
+        try:
+            ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            accepted, why = True, ""
+        except Exception as e:  # noqa: BLE001
+            accepted, why = False, str(e)
+        if not accepted and "Exception during initialization" in why:
+            continue  # a kernel refusing an attribute value (e.g. a missing locale): only --session sees it
+        if _inspect.analyze(model).ok != accepted:
+            disagree.append(str(path.relative_to(path.parents[2])))
+    assert not disagree, disagree
+    for path in shipped[:: max(1, len(shipped) // 5)]:
+        r = run("inspect", path)
+        ok = _inspect.analyze(onnx.load(path)).ok
+        assert r.returncode == (0 if ok else 1), (path, r.stdout[-500:], r.stderr[-500:])
+        assert ("OK:" in r.stdout) == ok and ("MISSING" in r.stdout) == (not ok), r.stdout[-500:]
+
+
 def test_inspect_treats_export_kinds_generically(monkeypatch):
     """An op of a library exported as something other than a custom node (e.g. an ONNX function
     in the library's domain) is runnable through the model's own function, and MISSING with
