@@ -26,6 +26,14 @@ struct DimTraits<c10::SymInt> {
   using S = c10::SymInt;
   static S from(int64_t v) { return S(v); }
   static bool eq(const S& a, const S& b) { return a == b; }
+  // Inequalities are decided on known values only: a guard on a symbolic size would constrain
+  // the exported program. Undecided ones are checked by the kernel at run time.
+  static std::optional<bool> maybe_ge(const S& a, const S& b) {
+    return both(a, b) ? std::optional<bool>(*a.maybe_as_int() >= *b.maybe_as_int()) : std::nullopt;
+  }
+  static std::optional<bool> maybe_gt(const S& a, const S& b) {
+    return both(a, b) ? std::optional<bool>(*a.maybe_as_int() > *b.maybe_as_int()) : std::nullopt;
+  }
   static bool known_negative(const S& a) { return a.maybe_as_int().value_or(0) < 0; }
   // Concrete values take the checked int64 path, so Meta and eager agree to the last case.
   static S add(const S& a, const S& b) { return both(a, b) ? S(DimTraits<int64_t>::add(*a.maybe_as_int(), *b.maybe_as_int())) : a + b; }

@@ -62,6 +62,11 @@ DimExpr constant(int64_t v) {
   n.value = v;
   return make(std::move(n));
 }
+std::string DimCheck::str() const {
+  const char* op = rel == Rel::Eq ? " == " : rel == Rel::Ge ? " >= " : " > ";
+  return lhs.str() + op + rhs.str();
+}
+
 DimExpr data_dependent() { return make(DimNode{DimNode::Kind::Data}); }
 
 bool OutputSpec::data_dependent() const {

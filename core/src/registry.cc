@@ -217,7 +217,7 @@ std::string manifest_json() {
       j.raw("}");
     });
     j.raw(",").key("checks");
-    array(j, op.checks, [&](const DimCheck& c) { j.str(c.lhs.str() + " == " + c.rhs.str() + ": " + c.what); });
+    array(j, op.checks, [&](const DimCheck& c) { j.str(c.str() + ": " + c.what); });
     j.raw("}");
   });
   // Last: writing the ops may find errors (an export rule naming a missing op).

@@ -285,6 +285,9 @@ OPBRIDGE_OP(deform_conv2d)
     .ints_attr("dilation", {1, 1}, "(dil_h, dil_w)")
     .int_attr("groups", 1, "convolution groups: input and output channels split into this many blocks")
     .int_attr("offset_groups", 1, "input channels split into this many blocks, each with its own offsets and mask")
+    // First: the output size divides by the stride.
+    .check(attr_at("stride", 0) >= 1, "attribute 'stride' values must be >= 1")
+    .check(attr_at("stride", 1) >= 1, "attribute 'stride' values must be >= 1")
     .check(dim("input", 1) == dim("weight", 1) * attr("groups"),
            "input channels must equal weight.shape[1] * groups")
     .check(dim("offset", 0) == dim("input", 0), "offset must have the batch size of input")

@@ -477,6 +477,7 @@ OPBRIDGE_OP(knn_query)
             "(m, k) row indices into xyz, nearest first; -1 where the segment has fewer than k points")
     .output("dist", "T", shape::dims({dim_of_first({"new_xyz", "xyz"}, 0), attr("k")}),
             "(m, k) Euclidean distances; +inf where idx is -1")
+    .check(attr("k") >= 1, "k must be >= 1")
     .check(dim("xyz", 1) == 3, "xyz must be (n, 3)")
     .check(dim_of_first({"new_xyz", "xyz"}, 1) == 3, "new_xyz must be (m, 3)")
     .check(dim_of_first({"new_offset", "offset"}, 0) == dim("offset", 0),

@@ -88,7 +88,7 @@ TestKnnQuery = op_test_suite(
                      "new_offset_past_rows"),
             BadInput((r([4, 3]), off([2, 4]), r([2, 3]), off([2])), {"k": 2},
                      "new_offset must have one entry per segment of offset", "segment_count_differs"),
-            BadInput((r([4, 3]), off([4])), {"k": 0}, re.escape("k must be >= 1, got 0"), "k_zero"),
+            BadInput((r([4, 3]), off([4])), {"k": 0}, re.escape("k must be >= 1 (k = 0, 1 = 1)"), "k_zero"),
             BadInput((r([4, 3]), off([4]), r([2, 3])), {"k": 1}, "new_xyz and new_offset must be given together",
                      "new_xyz_alone"),
             BadInput((r([4, 3]), off([4]), None, off([2])), {"k": 1}, "new_xyz and new_offset must be given together",
@@ -198,10 +198,21 @@ def test_onnxruntime_rejects_bad_offsets(case):
         np.testing.assert_array_equal(g, w)
 
 
+def test_export_rejects_k_zero_before_any_run():
+    # k >= 1 is a spec check: the Meta kernel sees it, so export fails, naming the op.
+    class M(torch.nn.Module):
+        def forward(self, xyz, offset):
+            return torch.ops.opbridge.knn_query(xyz, offset, k=0)
+
+    for exporter in opbridge.EXPORTERS:
+        with pytest.raises(opbridge.OpbridgeError, match=re.escape("opbridge::knn_query: k must be >= 1")):
+            opbridge.export(M(), (r([4, 3]), off([4])), exporter=exporter)
+
+
 def test_onnxruntime_rejects_k_zero_and_nan():
     x = r([4, 3]).numpy()
     sess = opbridge.session(node_model(_info(), [x, np.array([4], np.int64)], {"k": 0}))
-    with pytest.raises(_ORT_ERRORS, match=re.escape("k must be >= 1, got 0")):
+    with pytest.raises(_ORT_ERRORS, match=re.escape("k must be >= 1 (k = 0, 1 = 1)")):
         sess.run(None, {"xyz": x, "offset": np.array([4], np.int64)})
     x_nan = x.copy()
     x_nan[2, 0] = np.nan

@@ -157,3 +157,25 @@ TEST(KernelContext, AllocateOutputChecksTheRule) {
 }
 }  // namespace
 }  // namespace opbridge
+
+namespace opbridge {
+namespace {
+TEST(Checks, InequalitiesOnAttributesAndDims) {
+  OpSpec op = spec_of(OpBuilder("ineq").doc("d").types("T", {DType::Float32}).input("a", "T", "", 1)
+                          .int_attr("k", "").check(attr("k") >= 1, "k must be >= 1")
+                          .check(dim("a", 0) > attr("k"), "a needs more than k rows")
+                          .output("y", "T", shape::same({"a"}), "").cpu(noop_kernel));
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").int_attr("k", "").check(attr("nope") >= 1, "").output("y", "T", shape::same({"a"}), "").cpu(noop_kernel))); }).find("unknown attribute 'nope'"), std::string::npos);
+  std::vector<int64_t> shape3{3};
+  auto run_with = [&](int64_t k) {
+    std::vector<AttrValue> attrs{AttrValue{k}};
+    return error_of([&] { ShapeInference<int64_t>(op, {&shape3}, attrs).run(); });
+  };
+  EXPECT_EQ(run_with(2), "");
+  EXPECT_NE(run_with(0).find("k must be >= 1 (k = 0, 1 = 1)"), std::string::npos);
+  EXPECT_NE(run_with(3).find("a needs more than k rows (a.shape[0] = 3, k = 3)"), std::string::npos);
+  EXPECT_EQ(op.checks[0].str(), "k >= 1");
+  EXPECT_EQ(op.checks[1].str(), "a.shape[0] > k");
+}
+}  // namespace
+}  // namespace opbridge

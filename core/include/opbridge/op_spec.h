@@ -75,13 +75,22 @@ inline DimExpr operator-(DimExpr a, int64_t b) { return a - constant(b); }
 inline DimExpr operator*(DimExpr a, int64_t b) { return a * constant(b); }
 inline DimExpr operator/(DimExpr a, int64_t b) { return a / constant(b); }
 
-// lhs == rhs must hold, else `what` is the error.
+// lhs == rhs (or >=, >) must hold, else `what` is the error. Checked on concrete sizes in eager
+// and ONNX Runtime; PyTorch's Meta kernel checks what its symbolic sizes decide (== always, an
+// inequality when both sides are known), so a bad attribute fails at export already.
 struct DimCheck {
+  enum class Rel : int8_t { Eq, Ge, Gt };
   DimExpr lhs, rhs;
   std::string what;
+  Rel rel = Rel::Eq;
+  std::string str() const;  // "k >= 1"
 };
-inline DimCheck operator==(DimExpr a, DimExpr b) { return {std::move(a), std::move(b), {}}; }
-inline DimCheck operator==(DimExpr a, int64_t b) { return {std::move(a), constant(b), {}}; }
+inline DimCheck operator==(DimExpr a, DimExpr b) { return {std::move(a), std::move(b), {}, DimCheck::Rel::Eq}; }
+inline DimCheck operator==(DimExpr a, int64_t b) { return std::move(a) == constant(b); }
+inline DimCheck operator>=(DimExpr a, DimExpr b) { return {std::move(a), std::move(b), {}, DimCheck::Rel::Ge}; }
+inline DimCheck operator>=(DimExpr a, int64_t b) { return std::move(a) >= constant(b); }
+inline DimCheck operator>(DimExpr a, DimExpr b) { return {std::move(a), std::move(b), {}, DimCheck::Rel::Gt}; }
+inline DimCheck operator>(DimExpr a, int64_t b) { return std::move(a) > constant(b); }
 
 struct ShapeRule {
   enum class Kind : int8_t { Broadcast, Same, Dims } kind = Kind::Dims;
