@@ -84,8 +84,13 @@ std::string default_literal(const AttrValue& v) {
   return "";
 }
 
-std::string schema_of(const OpSpec& op) {
-  std::string s = op.name + "(";
+// The prefix of the validation-only op defined beside each op with data-dependent sizes (see
+// TorchLibrary); python/opbridge/_fake.py calls it by this name.
+constexpr const char* kCheckPrefix = "_check_";
+
+// `name` and no outputs: the schema of the validation-only op.
+std::string schema_of(const OpSpec& op, const std::string& name = "", bool no_outputs = false) {
+  std::string s = (name.empty() ? op.name : name) + "(";
   bool first = true;
   auto arg = [&](const std::string& a) {
     s += (first ? "" : ", ") + a;
@@ -104,6 +109,7 @@ std::string schema_of(const OpSpec& op) {
     arg(std::string(attr_kind_name(a.kind)) + " " + a.name + (a.default_value ? "=" + default_literal(*a.default_value) : ""));
   }
   s += ") -> ";
+  if (no_outputs) return s + "()";
   if (op.outputs.size() == 1) return s + "Tensor";
   s += "(";
   for (size_t i = 0; i < op.outputs.size(); ++i) s += (i ? ", Tensor" : "Tensor");
@@ -175,7 +181,8 @@ class TorchKernelContext final : public KernelContext {
 // One boxed functor per op and dispatch key; it holds the spec, so no lookup per call.
 class BoxedOp final : public c10::OperatorKernel {
  public:
-  BoxedOp(const OpSpec& op, bool meta) : op_(op), meta_(meta) {}
+  // check_only: validate (dtypes, ranks, spec checks, shape rule) and return nothing.
+  BoxedOp(const OpSpec& op, bool meta, bool check_only = false) : op_(op), meta_(meta), check_only_(check_only) {}
 
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n_in = op_.inputs.size(), n_args = n_in + op_.attrs.size();
@@ -188,6 +195,7 @@ class BoxedOp final : public c10::OperatorKernel {
       std::vector<AttrValue> attrs;
       for (size_t i = 0; i < op_.attrs.size(); ++i) attrs.push_back(to_attr(op_.attrs[i], args[n_in + i]));
       outputs = meta_ ? run_meta(tensors, attrs) : run_cpu(tensors, attrs);
+      if (check_only_) outputs.clear();
     } catch (const Error& e) {
       TORCH_CHECK(false, op_.qualified_name(), ": ", e.what());
     } catch (const c10::Error&) {
@@ -248,6 +256,7 @@ class BoxedOp final : public c10::OperatorKernel {
     }
     std::vector<DType> out_dtypes = output_dtypes(op_, resolve_types(op_, dtypes));
     auto out_shapes = ShapeInference<c10::SymInt>(op_, shapes, attrs).run();
+    if (check_only_) return {};
     std::vector<at::Tensor> outputs;
     for (size_t i = 0; i < out_shapes.size(); ++i)
       outputs.push_back(at::empty_symint(out_shapes[i], at::TensorOptions().dtype(to_scalar_type(out_dtypes[i])).device(at::kMeta)));
@@ -256,6 +265,7 @@ class BoxedOp final : public c10::OperatorKernel {
 
   const OpSpec& op_;
   bool meta_;
+  bool check_only_;
 };
 
 // Defines every op of the registry. Runs at load time, after the op registrations (which have
@@ -272,9 +282,17 @@ struct TorchLibrary {
         lib->def(schema_of(op).c_str());
         lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::CPU, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedOp>(op, false))));
         // Data-dependent output sizes need fresh symbolic sizes, which only Python's fake
-        // tensor mode can make: the glue registers a generic fake kernel for those ops.
-        if (!op.has_data_dependent_output())
+        // tensor mode can make: the glue registers a generic fake kernel for those ops, and
+        // it validates the call first through "_check_<op>", whose Meta kernel is this
+        // adapter's (the same dtype, rank, check and shape-rule validation as every op).
+        if (!op.has_data_dependent_output()) {
           lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::Meta, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedOp>(op, true))));
+        } else {
+          const std::string check = kCheckPrefix + op.name;
+          lib->def(schema_of(op, check, true).c_str());
+          lib->impl(check.c_str(), torch::dispatch(c10::DispatchKey::Meta, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedOp>(op, true, true))));
+          lib->impl(check.c_str(), torch::dispatch(c10::DispatchKey::CPU, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedOp>(op, true, true))));
+        }
         lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::Autograd, torch::autograd::autogradNotImplementedFallback()));
       } catch (const c10::Error& e) {
         registry().add_error("op '" + op.name + "': PyTorch rejected schema '" + schema_of(op) +

@@ -52,14 +52,16 @@ TensorView& KernelContext::allocate_output(size_t i, Shape shape) {
 
 void KernelContext::check_outputs_allocated() const {
   for (size_t i = 0; i < outputs_.size(); ++i)
-    OB_CHECK(!pending(outputs_[i]), "internal error: the kernel did not allocate data-dependent output '",
-             op_.outputs[i].name, "'");
+    OB_CHECK(!pending(outputs_[i]), "the kernel returned without allocating its data-dependent output '",
+             op_.outputs[i].name, "' (a bug in the op's kernel)");
 }
 
 void* KernelContext::allocate(size_t, DType dtype, const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  owned_outputs_.push_back(std::make_unique<std::byte[]>(static_cast<size_t>(std::max<int64_t>(n, 1)) * dtype_size(dtype)));
+  int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
+  for (int64_t d : shape)
+    OB_CHECK(!__builtin_mul_overflow(bytes, d, &bytes), "output of shape ", shape_str(shape), " is too large");
+  std::lock_guard<std::mutex> lock(scratch_mu_);
+  owned_outputs_.push_back(std::make_unique<std::byte[]>(static_cast<size_t>(std::max<int64_t>(bytes, 1))));
   return owned_outputs_.back().get();
 }
 

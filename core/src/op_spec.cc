@@ -294,8 +294,17 @@ void resolve_export(OpSpec& op) {
   if (ex.onnx_name.empty()) ex.onnx_name = camel_case(op.name);
   std::stable_sort(ex.rules.begin(), ex.rules.end(),
                    [](const ExportRule& a, const ExportRule& b) { return a.min_opset < b.min_opset; });
-  for (ExportRule& r : ex.rules)
+  for (ExportRule& r : ex.rules) {
+    if (r.inputs.empty())
+      for (const InputSpec& in : op.inputs) r.inputs.push_back({in.name, {}});
+    for (const ExportInput& c : r.conditions) {
+      auto it = std::find_if(r.inputs.begin(), r.inputs.end(), [&](const ExportInput& in) { return in.name == c.name; });
+      OB_CHECK(it != r.inputs.end(), "export rule ", r.op_type, ": input_when names input '", c.name,
+               "', which the rule does not write");
+      it->when = c.when;
+    }
     for (ExportAttr& a : r.attrs) a.kind = mapped_kind(op, a);
+  }
 }
 
 void check_export(const OpSpec& op) {

@@ -98,6 +98,28 @@ const char* export_kind(const OpSpec& op) {
   return op.cpu_kernel ? "custom" : "standard";
 }
 
+// A rule that writes another op of this library must fit that op's signature: the ONNX schema
+// registered for it would reject the node, and the two exporters would disagree on the kinds.
+void check_library_target(const OpSpec& op, const ExportRule& r, const OpSpec& target) {
+  auto fail = [&](const std::string& why) {
+    registry().add_error("op '" + op.name + "': export rule to library op '" + target.name + "': " + why);
+  };
+  if (r.inputs.size() > target.inputs.size())
+    fail("writes " + std::to_string(r.inputs.size()) + " inputs; the op has " + std::to_string(target.inputs.size()));
+  auto check_attr = [&](const std::string& name, AttrKind kind) {
+    int t = target.attr_index(name);
+    if (t < 0) return fail("the op has no attribute '" + name + "'");
+    if (target.attrs[t].kind != kind)
+      fail("attribute '" + name + "' is " + std::string(attr_kind_name(target.attrs[t].kind)) + ", the rule writes " +
+           std::string(attr_kind_name(kind)));
+  };
+  if (r.maps_attrs) {
+    for (const ExportAttr& a : r.attrs) check_attr(a.name, a.kind);
+  } else {
+    for (const AttrSpec& a : op.attrs) check_attr(a.name, a.kind);
+  }
+}
+
 // "export": the op's own node (custom/function) and its rules, targets resolved to ONNX names.
 void export_json(Json& j, const LibraryInfo& lib, const OpSpec& op) {
   const ExportSpec& ex = op.export_as;
@@ -117,16 +139,13 @@ void export_json(Json& j, const LibraryInfo& lib, const OpSpec& op) {
       } else {
         domain = lib.onnx_domain;
         type = target->export_as.onnx_name;
+        check_library_target(op, r, *target);
       }
     }
     j.raw("{").key("domain").str(domain).raw(",").key("op_type").str(type);
     j.raw(",").key("min_opset").num(int64_t{r.min_opset});
     j.raw(",").key("inputs");
-    if (r.inputs.empty()) {
-      array(j, op.inputs, [&](const InputSpec& in) { j.raw("{").key("name").str(in.name).raw(",").key("when").str("").raw("}"); });
-    } else {
-      array(j, r.inputs, [&](const ExportInput& in) { j.raw("{").key("name").str(in.name).raw(",").key("when").str(in.when).raw("}"); });
-    }
+    array(j, r.inputs, [&](const ExportInput& in) { j.raw("{").key("name").str(in.name).raw(",").key("when").str(in.when).raw("}"); });
     j.raw(",").key("attributes");
     if (!r.maps_attrs) {
       array(j, op.attrs, [&](const AttrSpec& a) {

@@ -307,3 +307,23 @@ def test_matches_torchvision(s):
     want = tv.ops.deform_conv2d(x, off, wt, b, stride=tuple(a["stride"]), padding=tuple(a["padding"]),
                                 dilation=tuple(a["dilation"]), mask=m)
     torch.testing.assert_close(OP(*s.inputs, **a), want, rtol=1e-4, atol=1e-5)
+
+
+def test_rules_follow_the_opset_of_a_direct_torch_export():
+    # Without opbridge.export: translation_table(opset=...) for dynamo, the graph's opset for
+    # the TorchScript exporter.
+    import io
+
+    class M(torch.nn.Module):
+        def forward(self, x, w, off):
+            return torch.ops.opbridge.deform_conv2d(x, w, off, padding=[1, 1])
+
+    args = (r([1, 2, 5, 5]), r([3, 2, 3, 3], seed=1), r([1, 18, 5, 5], seed=2))
+    for opset, node in ((18, "DeformConv2d"), (19, "DeformConv")):
+        p = torch.onnx.export(M().eval(), args, dynamo=True, opset_version=opset,
+                              custom_translation_table=opbridge.translation_table(opset=opset))
+        assert node in {n.op_type for n in p.model_proto.graph.node}
+    for opset, node in ((17, "DeformConv2d"), (19, "DeformConv")):
+        buf = io.BytesIO()
+        torch.onnx.export(M().eval(), args, buf, dynamo=False, opset_version=opset)
+        assert node in {n.op_type for n in onnx.load_from_string(buf.getvalue()).graph.node}

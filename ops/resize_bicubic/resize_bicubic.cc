@@ -46,6 +46,18 @@ Taps<T> taps(int64_t in_size, int64_t out_size, double scale) {
   return t;
 }
 
+// PyTorch's interpolate sizes the output as floor(size * scale) in double precision; ONNX
+// Runtime's Resize multiplies in float32. Where the two differ (e.g. 10 * 0.7: 6 rows in
+// PyTorch, 7 in the exported model) no answer is right for both, so the op refuses the scale.
+int64_t output_size(int64_t size, float scale, const char* axis, const char* name) {
+  const auto in_double = static_cast<int64_t>(std::floor(static_cast<double>(size) * static_cast<double>(scale)));
+  const auto in_float = static_cast<int64_t>(std::floor(static_cast<float>(size) * scale));
+  OB_CHECK(in_double == in_float, name, " = ", scale, " on ", axis, " = ", size, " is ambiguous: PyTorch's interpolate "
+           "gives ", in_double, ", ONNX Resize (float32) gives ", in_float,
+           "; choose a scale whose product with the size is not within float32 rounding of an integer");
+  return in_double;
+}
+
 void resize_bicubic_kernel(KernelContext& ctx) {
   const TensorView& x = ctx.input("x");
   const float* s = ctx.input("scales").data_as<float>();
@@ -55,9 +67,7 @@ void resize_bicubic_kernel(KernelContext& ctx) {
            "must be 1, got ", s[0], " and ", s[1]);
   const int64_t n = x.dim(0), c = x.dim(1), h = x.dim(2), w = x.dim(3);
   OB_CHECK(h > 0 && w > 0, "x must have a non-empty image, got shape ", shape_str(x.shape));
-  // The output size PyTorch's interpolate computes: floor(size * scale) in double precision.
-  const int64_t oh = static_cast<int64_t>(std::floor(static_cast<double>(h) * static_cast<double>(s[2])));
-  const int64_t ow = static_cast<int64_t>(std::floor(static_cast<double>(w) * static_cast<double>(s[3])));
+  const int64_t oh = output_size(h, s[2], "H", "scale_h"), ow = output_size(w, s[3], "W", "scale_w");
   OB_CHECK(oh > 0 && ow > 0, "scales ", s[2], " x ", s[3], " give an empty image from ", h, " x ", w);
   TensorView& y = ctx.allocate_output(0, {n, c, oh, ow});
   visit_dtype<float, double>(x.dtype, [&](auto zero) {
@@ -103,11 +113,12 @@ OPBRIDGE_OP(resize_bicubic)
     .output("y", "T", shape::dims({dim("x", 0), dim("x", 1), data_dependent(), data_dependent()}),
             "(N, C, floor(H * scale_h), floor(W * scale_w))")
     .cpu(resize_bicubic_kernel)
-    // Resize 13 takes an empty roi; cubic with a = -0.75 and pytorch_half_pixel is PyTorch's rule.
+    // Resize 13 takes an empty roi. Cubic with a = -0.75 and half_pixel is PyTorch's bicubic rule
+    // exactly: pytorch_half_pixel would map every output of a length-1 axis to source 0.
     .export_as(ExportTo("Resize", 13)
                    .inputs({"x", "", "scales"})
                    .attr_string("mode", "cubic")
                    .attr_float("cubic_coeff_a", -0.75)
-                   .attr_string("coordinate_transformation_mode", "pytorch_half_pixel"));
+                   .attr_string("coordinate_transformation_mode", "half_pixel"));
 
 }  // namespace opbridge

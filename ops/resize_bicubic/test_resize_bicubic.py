@@ -35,6 +35,8 @@ TestResizeBicubic = op_test_suite(
                    no_onnxruntime="ONNX Runtime's Resize has no float64 kernel (custom_nodes=True runs opbridge's)"),
             Sample((r([0, 3, 4, 4]), s(2.0, 2.0)), name="empty_batch"),
             Sample((r([1, 1, 1, 1]), s(3.0, 1.0)), name="single_pixel"),
+            # A larger input down to one row/column: the source coordinate is still (i+0.5)/s-0.5.
+            Sample((r([1, 2, 4, 6]), s(0.25, 0.5)), name="down_to_one_row"),
         ],
         bad_inputs=[
             BadInput((r([2, 3, 4]), s(2.0, 2.0)), {}, "input 'x' must have rank 4", "rank"),
@@ -46,6 +48,9 @@ TestResizeBicubic = op_test_suite(
             BadInput((r([1, 1, 4, 4]), s(0.1, 2.0)), {}, "give an empty image", "empty_output"),
             BadInput((r([1, 1, 4, 4]), s(2.0, 2.0).double()), {}, "input 'scales' has dtype float64", "scales_dtype"),
             BadInput((r([1, 1, 0, 4]), s(2.0, 2.0)), {}, "non-empty image", "empty_image"),
+            # 10 * 0.7: 6 rows by PyTorch's double rule, 7 by ONNX Runtime's float32 product.
+            BadInput((r([1, 1, 10, 4]), s(0.7, 1.0)), {}, r"scale_h = 0.7 on H = 10 is ambiguous: PyTorch's "
+                     r"interpolate gives 6, ONNX Resize \(float32\) gives 7", "ambiguous_size"),
         ],
         # float32 bicubic sums 16 products: PyTorch, ONNX Runtime and opbridge round differently.
         rtol=1e-5,
@@ -69,7 +74,7 @@ def test_one_exported_model_serves_every_scale(exporter):
     resize = [n for n in m.graph.node if n.op_type == "Resize"]
     assert len(resize) == 1 and resize[0].input[2] == "scales", "scales must come from the graph input"
     attrs = {a.name: a for a in resize[0].attribute}
-    assert attrs["mode"].s == b"cubic" and attrs["coordinate_transformation_mode"].s == b"pytorch_half_pixel"
+    assert attrs["mode"].s == b"cubic" and attrs["coordinate_transformation_mode"].s == b"half_pixel"
     assert attrs["cubic_coeff_a"].f == -0.75
     sess = opbridge.session(m)
     for scales in (s(2.0, 3.0), s(0.5, 0.75), s(1.25, 1.0)):
@@ -86,6 +91,31 @@ def test_float64_runs_as_the_opbridge_node_on_request(exporter):
     assert ("opbridge", "ResizeBicubic") in {(n.domain, n.op_type) for n in m.graph.node}
     report = opbridge.verify(Upsampler(), (x, scales), m, rtol=1e-12, atol=1e-12)
     assert report.ok, report.table()
+
+
+def test_sizes_agree_with_pytorch_and_onnxruntime_or_are_refused():
+    # Every size/scale pair either gives the same shape as F.interpolate and ONNX Runtime's
+    # Resize, or is refused: never a silent shape difference between eager and the model.
+    m = opbridge.export(Upsampler(), (r([1, 1, 8, 8]), s(2.0, 2.0)), input_names=["x", "scales"],
+                        dynamic_axes={"x": {2: "h", 3: "w"}})
+    sess = opbridge.session(m)
+    refused = 0
+    for h in (3, 5, 10, 17):
+        for sh in (0.3, 0.7, 1.4, 2.3):
+            x, scales = r([1, 1, h, 4], seed=h), s(sh, 1.0)
+            try:
+                got = opbridge.resize_bicubic(x, scales)
+            except RuntimeError as e:
+                if "empty image" in str(e):  # 3 * 0.3 < 1: PyTorch refuses it too
+                    continue
+                assert "is ambiguous" in str(e)
+                refused += 1
+                continue
+            want = torch.nn.functional.interpolate(x, scale_factor=[float(scales[2]), 1.0], mode="bicubic",
+                                                   align_corners=False)
+            (ort_out,) = sess.run(None, {"x": x.numpy(), "scales": scales.numpy()})
+            assert got.shape == want.shape and ort_out.shape == tuple(want.shape), (h, sh)
+    assert refused >= 1  # (10, 0.7) at least
 
 
 def test_export_keeps_the_spatial_sizes_symbolic():
@@ -106,3 +136,10 @@ def test_opbridge_namespace_exposes_the_op():
     assert opbridge.resize_bicubic is torch.ops.opbridge.resize_bicubic
     with pytest.raises(AttributeError, match="no attribute or op named 'no_such_op'"):
         opbridge.no_such_op
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_bad_scales_fail_at_export(exporter):
+    # The generic fake kernel validates through the C++ checks before making fresh sizes.
+    with pytest.raises(opbridge.OpbridgeError, match="opbridge::resize_bicubic: scales must hold 4 values"):
+        opbridge.export(Upsampler(), (r([1, 3, 8, 8]), torch.tensor([1.0, 2.0, 2.0])), exporter=exporter)

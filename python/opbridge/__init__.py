@@ -9,7 +9,7 @@ PyTorch exporters, ONNX schemas, and an ONNX Runtime kernel — and verify they 
 """
 
 from ._api import EXPORTERS, OutputDiff, VerifyReport, export, session, session_options, verify
-from ._exporters import custom_opsets, torchscript_exporter_available, translation_table
+from ._exporters import add_functions, custom_opsets, torchscript_exporter_available, translation_table
 from ._library import (
     Library,
     OpbridgeError,
@@ -34,6 +34,7 @@ def __getattr__(name: str):
 __all__ = [
     "EXPORTERS",
     "Library",
+    "add_functions",
     "OpInfo",
     "OpbridgeError",
     "OutputDiff",

@@ -19,10 +19,9 @@ import onnxruntime as ort
 import torch
 
 from ._exporters import (
-    ExportOptions,
     add_functions,
+    custom_nodes_requested,
     custom_opsets,
-    export_options,
     torchscript_exporter_available,
     translation_table,
 )
@@ -84,10 +83,11 @@ def export(
         if dynamic_shapes is None:
             dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_axes)
         with _quiet(verbose), _op_errors():
-            options = ExportOptions(opset or _DEFAULT_DYNAMO_OPSET, custom_nodes)
+            opset = opset or _DEFAULT_DYNAMO_OPSET
             program = torch.onnx.export(model, args, kwargs=kwargs, dynamo=True,
-                                        custom_translation_table=translation_table(options=options),
-                                        opset_version=options.opset,
+                                        custom_translation_table=translation_table(opset=opset,
+                                                                                   custom_nodes=custom_nodes),
+                                        opset_version=opset,
                                         input_names=names, output_names=outs, dynamic_shapes=dynamic_shapes,
                                         verbose=verbose)
         proto = program.model_proto
@@ -103,10 +103,9 @@ def export(
             # The TorchScript exporter passes everything positionally: bind keywords here.
             model, args = _KeywordsBound(model, args, kwargs), tuple(_tensors((args, kwargs)))
         buf = io.BytesIO()
-        options = ExportOptions(opset or DEFAULT_TORCHSCRIPT_OPSET, custom_nodes)
-        with _quiet(verbose), _op_errors(), export_options(options):
+        with _quiet(verbose), _op_errors(), custom_nodes_requested(custom_nodes):
             torch.onnx.export(model, args, buf, dynamo=False,
-                              opset_version=options.opset, custom_opsets=custom_opsets(),
+                              opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
                               input_names=names, output_names=outs, dynamic_axes=dynamic_axes, verbose=verbose)
         proto = onnx.load_from_string(buf.getvalue())
     add_functions(proto)

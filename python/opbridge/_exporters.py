@@ -10,6 +10,7 @@ op: every rule is built from an OpInfo.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import inspect
 import warnings
@@ -54,18 +55,19 @@ class ExportOptions:
     custom_nodes: bool = False
 
 
-# Set by opbridge.export() for the TorchScript exporter, whose symbolics are registered once.
-_current = ExportOptions(opset=17)
+# custom_nodes for the TorchScript exporter, whose symbolics are registered once: set around an
+# export by opbridge.export (a context variable: concurrent exports do not see each other's).
+# The target opset comes from the graph being built.
+_custom_nodes: contextvars.ContextVar[bool] = contextvars.ContextVar("opbridge_custom_nodes", default=False)
 
 
 @contextlib.contextmanager
-def export_options(options: ExportOptions):
-    global _current
-    saved, _current = _current, options
+def custom_nodes_requested(flag: bool):
+    token = _custom_nodes.set(flag)
     try:
         yield
     finally:
-        _current = saved
+        _custom_nodes.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +105,8 @@ def choose_target(op: OpInfo, options: ExportOptions) -> _Target:
         what = ", ".join(f"{t.domain + '::' if t.domain else 'ai.onnx '}{t.op_type} from opset {v}" for v, t in candidates)
         raise OpbridgeError(f"{op.torch_op}: cannot be exported at opset {options.opset}: it is written as {what}; "
                             f"export with opset >= {lowest}")
-    return max(usable, key=lambda vt: vt[0])[1]
+    # A rule wins a tie with the op's own node (listed first): it was asked for.
+    return max(reversed(usable), key=lambda vt: vt[0])[1]
 
 
 def _attr_value(op: OpInfo, attrs: dict[str, Any], name: str):
@@ -182,11 +185,13 @@ def _translation(op: OpInfo, options: ExportOptions) -> Callable:
     return translate
 
 
-def translation_table(ops: list[OpInfo] | None = None, options: ExportOptions | None = None
-                      ) -> dict[torch._ops.OpOverload, Callable]:
+def translation_table(ops: list[OpInfo] | None = None, *, opset: int = _DEFAULT_DYNAMO_OPSET,
+                      custom_nodes: bool = False) -> dict[torch._ops.OpOverload, Callable]:
     """custom_translation_table entries for every loaded op (or the given ones) whose PyTorch op
-    exists in this process."""
-    options = options or ExportOptions(opset=_DEFAULT_DYNAMO_OPSET)
+    exists in this process, for a model of ai.onnx `opset` (rules are chosen by it: pass the
+    opset_version given to torch.onnx.export). opbridge.export does all this, and also adds the
+    FunctionProtos of function ops (add_functions) and runs the checker."""
+    options = ExportOptions(opset, custom_nodes)
     return {op.overload: _translation(op, options) for op in (all_ops() if ops is None else ops) if op.available}
 
 
@@ -201,7 +206,7 @@ def _symbolic(op: OpInfo) -> Callable:
     n_out = len(op.outputs)
 
     def symbolic(g, *args):
-        target = choose_target(op, _current)
+        target = choose_target(op, ExportOptions(g.opset, _custom_nodes.get()))
         inputs, attrs = _split_args(op, args, {})
         consts = {}
         for a in op.attributes:

@@ -13,10 +13,17 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.in
            "bool": torch.bool, "uint8": torch.uint8}
 
 
+# The torch adapter defines "<ns>::_check_<op>" beside each such op: the C++ validation (dtypes,
+# ranks, spec checks, shape rule) with no outputs.
+CHECK_PREFIX = "_check_"
+
+
 def _fake_kernel(op: OpInfo):
     names = [i["name"] for i in op.inputs]
+    ns = op.torch_op.split("::")[0]
 
     def fake(*args, **kwargs):
+        getattr(getattr(torch.ops, ns), CHECK_PREFIX + op.name)(*args, **kwargs)
         given = dict(zip(names, args[: len(names)]))
         given.update({k: v for k, v in kwargs.items() if k in names})
         present = {k: v for k, v in given.items() if isinstance(v, torch.Tensor)}

@@ -179,3 +179,20 @@ TEST(Checks, InequalitiesOnAttributesAndDims) {
 }
 }  // namespace
 }  // namespace opbridge
+
+namespace opbridge {
+namespace {
+TEST(ExportRules, InputWhenAppliesToTheDefaultInputsAndNamesARealOne) {
+  OpSpec op = spec_of(OpBuilder("w").doc("d").types("T", {DType::Float32}).input("a", "T", "").optional_input("b", "T", "")
+                          .bool_attr("flag", false, "").output("y", "T", shape::same({"a"}), "").cpu(noop_kernel)
+                          .export_as(ExportTo("Add", 7).input_when("b", "flag")));
+  resolve_export(op);
+  ASSERT_EQ(op.export_as.rules[0].inputs.size(), 2u);
+  EXPECT_EQ(op.export_as.rules[0].inputs[1].when, "flag");
+  OpSpec bad = spec_of(OpBuilder("w").doc("d").types("T", {DType::Float32}).input("a", "T", "")
+                           .bool_attr("flag", false, "").output("y", "T", shape::same({"a"}), "").cpu(noop_kernel)
+                           .export_as(ExportTo("Add", 7).inputs({"a"}).input_when("c", "flag")));
+  EXPECT_NE(error_of([&] { resolve_export(bad); }).find("input_when names input 'c'"), std::string::npos);
+}
+}  // namespace
+}  // namespace opbridge

@@ -85,3 +85,15 @@ def test_fake_tensor_shapes_are_symbolic_under_export():
     out = [n for n in ep.graph.nodes if n.op == "call_function"][0].meta["val"]
     assert str(out.shape[0]) == "s0" or not isinstance(out.shape[0], int)
     assert out.shape[1] == 3
+
+
+def test_a_rule_wins_a_tie_with_the_own_node():
+    import dataclasses
+
+    from opbridge._exporters import ExportOptions, choose_target
+
+    op = opbridge.builtin.op("my_add")
+    rule = {"domain": "", "op_type": "Sum", "min_opset": 1, "inputs": [], "attributes": []}
+    tied = dataclasses.replace(op, export_rules=[rule])
+    assert choose_target(tied, ExportOptions(17)).op_type == "Sum"
+    assert choose_target(tied, ExportOptions(17, custom_nodes=True)).op_type == "MyAdd"

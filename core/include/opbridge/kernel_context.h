@@ -32,7 +32,9 @@ class KernelContext {
   const TensorView* optional_input(std::string_view name) const { return inputs_.at(index_of_input(name)); }
   TensorView& output(size_t i) { return outputs_.at(i); }
   // Allocates output i, whose shape rule has data_dependent() dimensions, once the kernel knows
-  // its shape (which must agree with the rule's other dimensions). Once per output.
+  // its shape (which must agree with the rule's other dimensions). Once per output, from the
+  // kernel's own thread (not inside parallel_for). Until then output(i) has no data and its
+  // data-dependent dims read kDataDependentDim.
   TensorView& allocate_output(size_t i, Shape shape);
   // For adapters, after the kernel: every data-dependent output was allocated.
   void check_outputs_allocated() const;

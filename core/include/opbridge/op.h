@@ -34,9 +34,8 @@ class ExportTo {
     return *this;
   }
   // Writes `input` only when this op's bool attribute `flag` is true (else an empty slot).
-  ExportTo& input_when(const std::string& input, std::string flag) {
-    for (ExportInput& in : rule_.inputs)
-      if (in.name == input) in.when = std::move(flag);
+  ExportTo& input_when(std::string input, std::string flag) {
+    rule_.conditions.push_back({std::move(input), std::move(flag)});
     return *this;
   }
   // Target attribute `name` = this op's attributes `from`, concatenated into a list when several.

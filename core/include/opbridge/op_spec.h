@@ -150,7 +150,8 @@ struct ExportRule {
   std::string op_type;            // ai.onnx op type, or (library_op) the snake_case name of a library op
   bool library_op = false;
   int min_opset = 1;              // ai.onnx opset version from which the rule applies
-  std::vector<ExportInput> inputs;  // empty: this op's inputs, in order
+  std::vector<ExportInput> inputs;  // empty: this op's inputs, in order (filled in by resolve_export)
+  std::vector<ExportInput> conditions;  // input_when(input, flag), applied to `inputs` by resolve_export
   std::vector<ExportAttr> attrs;    // empty: this op's attributes as they are
   bool maps_attrs = false;          // true once an attribute mapping is given (even to none)
 };
