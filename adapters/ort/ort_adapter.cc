@@ -150,6 +150,15 @@ std::string node_name(const OrtKernelInfo* info) {
 }
 
 // ---- compute --------------------------------------------------------------------------------
+// ONNX Runtime's output `i`, allocated with `shape`: its data.
+void* output_data(const OrtKernelContext* ctx, size_t i, const Shape& shape) {
+  OrtValue* out = nullptr;
+  check(g_api->KernelContext_GetOutput(const_cast<OrtKernelContext*>(ctx), i, shape.data(), shape.size(), &out));
+  void* data = nullptr;
+  check(g_api->GetTensorMutableData(out, &data));
+  return data;
+}
+
 class OrtKernelContextAdapter final : public KernelContext {
  public:
   OrtKernelContextAdapter(const OrtKernelContext* ort, const OpSpec& op, std::vector<const TensorView*> in,
@@ -184,13 +193,7 @@ class OrtKernelContextAdapter final : public KernelContext {
       }
     }
   };
-  void* allocate(size_t i, DType, const Shape& shape) override {
-    OrtValue* out = nullptr;
-    check(g_api->KernelContext_GetOutput(const_cast<OrtKernelContext*>(ort_), i, shape.data(), shape.size(), &out));
-    void* data = nullptr;
-    check(g_api->GetTensorMutableData(out, &data));
-    return data;
-  }
+  void* allocate(size_t i, DType, const Shape& shape) override { return output_data(ort_, i, shape); }
   const OrtKernelContext* ort_;
 };
 
@@ -226,11 +229,7 @@ void compute(const Kernel& k, OrtKernelContext* ctx) {
       outputs.push_back(TensorView{nullptr, call.output_dtypes[i], s, {}, Device::CPU});
       continue;
     }
-    OrtValue* out = nullptr;
-    check(g_api->KernelContext_GetOutput(ctx, i, s.data(), s.size(), &out));
-    void* data = nullptr;
-    check(g_api->GetTensorMutableData(out, &data));
-    outputs.push_back(TensorView{data, call.output_dtypes[i], s, contiguous_strides(s), Device::CPU});
+    outputs.push_back(TensorView{output_data(ctx, i, s), call.output_dtypes[i], s, contiguous_strides(s), Device::CPU});
   }
   OrtKernelContextAdapter kctx(ctx, op, inputs, std::move(outputs), k.attrs);
   op.cpu_kernel(kctx);

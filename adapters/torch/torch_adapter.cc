@@ -291,7 +291,6 @@ struct TorchLibrary {
           const std::string check = kCheckPrefix + op.name;
           lib->def(schema_of(op, check, true).c_str());
           lib->impl(check.c_str(), torch::dispatch(c10::DispatchKey::Meta, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedOp>(op, true, true))));
-          lib->impl(check.c_str(), torch::dispatch(c10::DispatchKey::CPU, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedOp>(op, true, true))));
         }
         lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::Autograd, torch::autograd::autogradNotImplementedFallback()));
       } catch (const c10::Error& e) {

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ._library import Library, OpInfo
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32, "int64": torch.int64,
-           "bool": torch.bool, "uint8": torch.uint8}
+from ._library import TORCH_DTYPES, Library, OpInfo
 
 
 # The torch adapter defines "<ns>::_check_<op>" beside each such op: the C++ validation (dtypes,
@@ -32,7 +29,7 @@ def _fake_kernel(op: OpInfo):
         for o in op.outputs:
             allowed = op.types[o["type"]]
             source = next((present[i["name"]] for i in op.inputs if i["type"] == o["type"] and i["name"] in present), None)
-            dtype = source.dtype if source is not None else _DTYPES[allowed[0]]
+            dtype = source.dtype if source is not None else TORCH_DTYPES[allowed[0]]
             shape = []
             for d in o["fake_dims"]:
                 if "data_dependent" in d:

@@ -258,13 +258,18 @@ def _probe(ir_version: int, opsets: dict[str, int]) -> str | None:
     with no nodes; returns its complaint, or None."""
     x = onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
     graph = onnx.helper.make_graph([], "probe", [x], [x])
-    probe = onnx.helper.make_model(
-        graph, ir_version=ir_version, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()]
-    )
+    return _ort_refusal(graph, ir_version, opsets.items())
+
+
+def _ort_refusal(graph, ir_version: int, opsets) -> str | None:
+    """ONNX Runtime's complaint about a model of `graph` with these opset imports, or None when
+    it builds a session."""
+    model = onnx.helper.make_model(graph, ir_version=ir_version,
+                                   opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets])
     so = ort.SessionOptions()
     so.log_severity_level = 3
     try:
-        ort.InferenceSession(probe.SerializeToString(), so, providers=[CPU])
+        ort.InferenceSession(model.SerializeToString(), so, providers=[CPU])
     except Exception as e:  # noqa: BLE001 - any refusal is the answer
         return _clean_ort_message(str(e))
     return None
@@ -620,15 +625,8 @@ def _probe_node(node_bytes: bytes, opsets: tuple, input_types: tuple, ir_version
         inputs.append(onnx.helper.make_value_info(name, tp))
     outputs = [onnx.helper.make_empty_tensor_value_info(n) for n in node.output if n]
     graph = onnx.helper.make_graph([node], "probe", inputs, outputs)
-    model = onnx.helper.make_model(graph, ir_version=ir_version,
-                                   opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets])
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    try:
-        ort.InferenceSession(model.SerializeToString(), so, providers=[CPU])
-    except Exception as e:  # noqa: BLE001 - any refusal is the answer
-        return _clean_ort_message(str(e))
-    return ""
+    refusal = _ort_refusal(graph, ir_version, opsets)
+    return "" if refusal is None else refusal
 
 
 def _type_proto(type_str: str) -> onnx.TypeProto | None:

@@ -14,6 +14,10 @@ import torch
 
 _SDK = Path(__file__).resolve().parent / "_sdk"
 
+# Manifest dtype names -> torch dtypes.
+TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32, "int64": torch.int64,
+                "bool": torch.bool, "uint8": torch.uint8}
+
 
 class OpbridgeError(RuntimeError):
     """An opbridge usage error with a one-line explanation."""

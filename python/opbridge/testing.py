@@ -26,7 +26,7 @@ from onnx import TensorProto, helper
 
 from . import _api
 from ._exporters import ExportOptions, choose_target
-from ._library import OpInfo, all_ops
+from ._library import TORCH_DTYPES, OpInfo, all_ops
 from ._schemas import onnx_attribute
 
 _NP_TO_ONNX = {
@@ -55,8 +55,6 @@ _WRONG_VALUES = {
     "float[]": [3, 1.5, "s", [1, 2]],
 }
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32, "int64": torch.int64,
-           "bool": torch.bool, "uint8": torch.uint8}
 
 
 @dataclasses.dataclass
@@ -409,4 +407,4 @@ def random_tensor(shape: Sequence[int], dtype: str = "float32", seed: int = 0, l
     """Deterministic random test data."""
     g = torch.Generator().manual_seed(seed)
     t = torch.rand(*shape, generator=g, dtype=torch.float64) * (high - low) + low
-    return t.to(_DTYPES[dtype])
+    return t.to(TORCH_DTYPES[dtype])
