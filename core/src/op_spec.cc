@@ -151,7 +151,7 @@ int OpSpec::attr_index(std::string_view n) const {
 }
 
 std::string OpSpec::qualified_name() const {
-  return torch_op.empty() ? std::string(this_library().torch_namespace) + "::" + name : torch_op;
+  return existing_torch_op.empty() ? std::string(this_library().torch_namespace) + "::" + name : existing_torch_op;
 }
 
 std::string camel_case(std::string_view snake) {
@@ -263,7 +263,7 @@ void validate_spec(const OpSpec& op) {
     check_expr(op, c.lhs);
     check_expr(op, c.rhs);
   }
-  if (op.torch_op.empty()) OB_CHECK(op.cpu_kernel, "op '", op.name, "' has no CPU kernel");
+  if (op.defines_torch_op()) OB_CHECK(op.cpu_kernel, "op '", op.name, "' has no CPU kernel");
   check_export(op);
 }
 
@@ -304,6 +304,7 @@ void resolve_export(OpSpec& op) {
       it->when = c.when;
     }
     for (ExportAttr& a : r.attrs) a.kind = mapped_kind(op, a);
+    if (!r.library_op) r.target_type = r.op_type;  // ai.onnx; library ops: Registry::add
   }
 }
 

@@ -7,7 +7,7 @@ namespace opbridge {
 
 OPBRIDGE_OP(asinh)
     .doc("Inverse hyperbolic sine, element-wise; exported as ai.onnx Asinh.")
-    .torch_op("aten::asinh")
+    .existing_torch_op("aten::asinh")
     .types("T", {DType::Float32, DType::Float64})
     .input("self", "T", "input tensor")
     .output("result", "T", shape::same({"self"}), "asinh(self)")

@@ -9,7 +9,7 @@ namespace opbridge {
 // 15) makes one body serve float and double.
 OPBRIDGE_OP(selu)
     .doc("Scaled exponential linear unit, element-wise; exported as an ONNX function (Exp, Where, ...).")
-    .torch_op("aten::selu")
+    .existing_torch_op("aten::selu")
     .types("T", {DType::Float32, DType::Float64})
     .input("self", "T", "input tensor")
     .output("result", "T", shape::same({"self"}), "selu(self)")

@@ -18,7 +18,7 @@ ExportTo mapped(ExportTo rule) {
 OPBRIDGE_OP(torchvision_deform_conv2d)
     .doc("torchvision's deformable convolution (torchvision::deform_conv2d), exported as ai.onnx DeformConv "
          "from opset 19 and as opbridge's DeformConv2d node below.")
-    .torch_op("torchvision::deform_conv2d")
+    .existing_torch_op("torchvision::deform_conv2d")
     .types("T", {DType::Float32, DType::Float64})
     .input("input", "T", "(N, C_in, H, W)", 4)
     .input("weight", "T", "(C_out, C_in / groups, kh, kw)", 4)

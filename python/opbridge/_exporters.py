@@ -91,7 +91,7 @@ def choose_target(op: OpInfo, options: ExportOptions) -> _Target:
     as a rule. With custom_nodes, opbridge's own nodes win over standard ai.onnx ops wherever
     the op has one at this opset."""
     candidates: list[tuple[int, _Target]] = []
-    if op.export_kind == "custom":
+    if op.export_kind == "kernel":
         candidates.append((1, _own_node(op)))
     elif op.export_kind == "function":
         candidates.append((op.function["opset"], _own_node(op)))

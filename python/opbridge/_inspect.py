@@ -402,7 +402,7 @@ class Checker:
         qual = f"{domain_name(domain)}::{node.op_type}"
 
         op = self.custom.get((domain, node.op_type))
-        if op is not None and op.export_kind == "custom":
+        if op is not None and op.export_kind == "kernel":
             return self._opbridge(node, op, types)  # custom-op registries come first in ONNX Runtime
         if opset is None:  # ONNX requires an import for every domain a node uses (custom ops excepted above)
             return Verdict(MISSING, "", f"{qual}: the model imports no opset for domain '{domain_name(domain)}'; "

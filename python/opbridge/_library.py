@@ -32,7 +32,7 @@ class OpInfo:
     torch_op: str  # "<namespace>::<name>", or an existing op such as "aten::<name>"
     defines_torch_op: bool
     doc: str
-    export_kind: str  # "custom" (own node + kernel) | "standard" (rules only) | "function"
+    export_kind: str  # "kernel" (own node + kernel) | "mapping" (rules only) | "function"
     onnx_domain: str  # the op's own node: library domain, type and version
     onnx_type: str
     since_version: int
@@ -69,7 +69,7 @@ class OpInfo:
     @property
     def has_own_node(self) -> bool:
         """Exported (at some opset) as a node of the library's domain: a kernel or a function."""
-        return self.export_kind in ("custom", "function")
+        return self.export_kind in ("kernel", "function")
 
 
 @dataclasses.dataclass
@@ -149,7 +149,7 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
             OpInfo(
                 library=lib,
                 name=m["name"],
-                torch_op=m["torch_op"],
+                torch_op=m["qualified_name"],
                 defines_torch_op=m["defines_torch_op"],
                 doc=m["doc"],
                 export_kind=ex["kind"],

@@ -247,7 +247,7 @@ def _torch_schema(op) -> str | None:
 def export_summary(op) -> str:
     """Which ONNX node the op becomes, by target opset, e.g. 'opbridge::MyConv v1; ai.onnx::Conv from opset 11'."""
     parts = []
-    if op.export_kind == "custom":
+    if op.export_kind == "kernel":
         parts.append(f"{_domain(op.onnx_domain)}::{op.onnx_type} v{op.since_version}")
     elif op.export_kind == "function":
         parts.append(f"{_domain(op.onnx_domain)}::{op.onnx_type} v{op.since_version} (function, opset {op.function['opset']}+)")
@@ -285,8 +285,8 @@ def _table(rows: list[list[str]], head: list[str]) -> list[str]:
 
 
 EXPORT_KINDS = {  # known export kinds, for the legend only; others print as they are
-    "custom": "a node in the library's ONNX domain, run by its ONNX Runtime library",
-    "standard": "a standard ai.onnx op",
+    "kernel": "a node in the library's ONNX domain, run by its ONNX Runtime library",
+    "mapping": "no node of its own: export rules write other ops (standard ai.onnx ops or library ops)",
     "function": "an ONNX function in the library's domain, defined inside the exported model",
 }
 

@@ -285,7 +285,7 @@ def op_test_suite(case: OpCase) -> type:
         def test_export_custom_nodes_on_request(self, exporter):
             # An op with its own kernel and a rule to a standard op: custom_nodes=True keeps the
             # opbridge node (for runtimes without the standard op), at any opset.
-            if info().export_kind != "custom" or not any(r["domain"] == "" for r in info().export_rules):
+            if info().export_kind != "kernel" or not any(r["domain"] == "" for r in info().export_rules):
                 pytest.skip("no standard-op rule to pass over")
             sample = next((s for s in samples if not s.no_onnxruntime), samples[0])
             model, tensors, proto = _export(case, sample, exporter, custom_nodes=True)
@@ -302,7 +302,7 @@ def op_test_suite(case: OpCase) -> type:
             sample = samples[0]
             _, tensors, proto = _export(case, sample, exporter)
             own = (info().onnx_domain, info().onnx_type) == _expected_node(info(), exporter)
-            new_ops = [_reference_op_class(case)] if own and info().export_kind == "custom" else []
+            new_ops = [_reference_op_class(case)] if own and info().export_kind == "kernel" else []
             ref = ReferenceEvaluator(proto, new_ops=new_ops)
             feeds = {i.name: _np(t) for i, t in zip(proto.graph.input, tensors)}
             got = ref.run(None, feeds)
@@ -363,7 +363,7 @@ def op_test_suite(case: OpCase) -> type:
         @pytest.mark.parametrize("kind", ["wrong_dtype", "missing_input", "missing_attribute", "wrong_attribute_type"])
         def test_onnxruntime_rejects_bad_node(self, kind):
             op = info()
-            if op.export_kind != "custom":
+            if op.export_kind != "kernel":
                 pytest.skip("runs as a builtin ONNX Runtime op")
             sample = samples[0]
             arrays = [_np(t) for t in sample.inputs]

@@ -71,7 +71,7 @@ TEST(Registry, RejectsBrokenSpecs) {
   // Export rules name real inputs and attributes.
   EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::same({"a"}), "").cpu(noop_kernel).export_as(ExportTo("Foo", 3).inputs({"b"})))); }).find("unknown input 'b'"), std::string::npos);
   EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::same({"a"}), "").cpu(noop_kernel).export_as(ExportTo("Foo", 3).attr("k", {"nope"})))); }).find("unknown attribute 'nope'"), std::string::npos);
-  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::same({"a"}), "").torch_op("aten::x"))); }).find("nothing to export"), std::string::npos);
+  EXPECT_NE(error_of([] { validate_spec(spec_of(OpBuilder("x").doc("d").types("T", {DType::Float32}).input("a", "T", "").output("y", "T", shape::same({"a"}), "").existing_torch_op("aten::x"))); }).find("nothing to export"), std::string::npos);
 }
 
 TEST(ShapeInference, CheckedArithmeticAndFloorDivision) {

@@ -143,7 +143,7 @@ def test_ops_json_lists_every_loaded_op():
     assert dr["export"]["own_node"]["domain"] == "opbridge" and dr["export"]["own_node"]["op_type"] == "DualResidual"
     assert dr["inputs"][0]["dtypes"] == ["float32", "float64"]
     asinh = got["asinh"]["export"]
-    assert asinh["kind"] == "standard" and asinh["own_node"] is None
+    assert asinh["kind"] == "mapping" and asinh["own_node"] is None
     assert [(r["domain"], r["op_type"], r["min_opset"]) for r in asinh["rules"]] == [("", "Asinh", 9)]
     assert asinh["summary"] == "ai.onnx::Asinh from opset 9"
     assert got["selu"]["export"]["summary"] == "opbridge::Selu v1 (function, opset 15+)"

@@ -41,12 +41,12 @@ def test_manifest_describes_ops():
     assert (op.onnx_domain, op.onnx_type, op.since_version) == ("opbridge", "DualResidual", 1)
     assert [a["name"] for a in op.attributes] == ["alpha"] and op.attributes[0]["default"] == 1.0
     assert [o["name"] for o in op.outputs] == ["r1", "r2"]
-    assert opbridge.builtin.op("asinh").export_kind == "standard"
+    assert opbridge.builtin.op("asinh").export_kind == "mapping"
 
 
 def test_onnx_schemas_are_registered_for_custom_ops():
     for op in opbridge.builtin.ops:
-        if op.export_kind != "custom":
+        if op.export_kind != "kernel":
             continue
         s = onnx.defs.get_schema(op.onnx_type, op.since_version, op.onnx_domain)
         assert [i.name for i in s.inputs] == [i["name"] for i in op.inputs]

@@ -121,8 +121,9 @@ class OpBuilder {
     spec_.export_as.function_body = std::move(body);
     return *this;
   }
-  // The op already exists in PyTorch ("aten::<name>"); opbridge only adds its export rule.
-  OpBuilder& torch_op(std::string qualified) { spec_.torch_op = std::move(qualified); return *this; }
+  // The op already exists in PyTorch ("aten::<name>", or another library's op): opbridge
+  // defines nothing in PyTorch and only adds its export rules.
+  OpBuilder& existing_torch_op(std::string qualified) { spec_.existing_torch_op = std::move(qualified); return *this; }
 
   OpSpec build() && { return std::move(spec_); }
 

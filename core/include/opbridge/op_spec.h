@@ -154,6 +154,9 @@ struct ExportRule {
   std::vector<ExportInput> conditions;  // input_when(input, flag), applied to `inputs` by resolve_export
   std::vector<ExportAttr> attrs;    // empty: this op's attributes as they are
   bool maps_attrs = false;          // true once an attribute mapping is given (even to none)
+  // The node the rule writes, resolved by the registry: ("", op_type) for ai.onnx, or the
+  // library's domain and the library op's ONNX name (once that op is registered).
+  std::string target_domain, target_type;
 };
 
 struct ExportSpec {
@@ -168,7 +171,7 @@ struct ExportSpec {
 struct OpSpec {
   std::string name;        // snake_case; the PyTorch name inside the library's namespace
   std::string doc;
-  std::string torch_op;    // set for ops PyTorch already has ("aten::<name>"): nothing is defined
+  std::string existing_torch_op;  // set for ops PyTorch already has ("aten::<name>"): nothing is defined
   std::vector<TypeConstraint> types;
   std::vector<InputSpec> inputs;
   std::vector<AttrSpec> attrs;
@@ -180,9 +183,9 @@ struct OpSpec {
   const TypeConstraint& type(const std::string& name) const;
   int input_index(std::string_view name) const;  // -1 when absent
   int attr_index(std::string_view name) const;
-  bool defines_torch_op() const { return torch_op.empty(); }
+  bool defines_torch_op() const { return existing_torch_op.empty(); }
   bool has_data_dependent_output() const;
-  std::string qualified_name() const;  // "<namespace>::<name>" or torch_op
+  std::string qualified_name() const;  // the PyTorch op: "<namespace>::<name>", or existing_torch_op
 };
 
 // "my_op" -> "MyOp": the rule that names every custom ONNX op.

@@ -22,16 +22,21 @@ const LibraryInfo& this_library();
 
 class Registry {
  public:
-  // Validates the spec (names resolve, constraints are well formed) and adds it. A spec that
-  // fails validation is recorded in errors() and left out: adapters report it at load time.
+  // Validates the spec (names resolve, constraints are well formed, export rules fit their
+  // targets) and adds it. A spec that fails validation is recorded in errors() and left out:
+  // adapters report it at load time. A rule naming another op of this library is resolved when
+  // that op registers, whichever comes first.
   void add(OpSpec spec);
   const std::vector<OpSpec>& ops() const { return ops_; }
   const OpSpec* find(std::string_view name) const;
-  const std::vector<std::string>& errors() const { return errors_; }
+  // Every problem found so far, and every export rule whose library op never registered.
+  std::vector<std::string> errors() const;
   // For adapters that find a problem while deriving their ops (reported by the loaders).
   void add_error(std::string e) { errors_.push_back(std::move(e)); }
 
  private:
+  void resolve_library_rules(OpSpec& op);
+
   std::vector<OpSpec> ops_;
   std::vector<std::string> errors_;
 };
@@ -40,12 +45,14 @@ Registry& registry();
 
 // Throws Error naming the problem when the spec is inconsistent; used by Registry::add.
 void validate_spec(const OpSpec& spec);
-// Fills what the export mapping derives (the op's ONNX name, rule order, mapped attribute kinds).
+// Fills what the export mapping derives (the op's ONNX name, rule order, mapped attribute kinds,
+// standard-op targets).
 void resolve_export(OpSpec& spec);
 void check_export(const OpSpec& spec);
 
-// The JSON contract between the C++ side and the Python export glue: the library, then every
-// op with its ONNX name, types, inputs, attributes, outputs and export mapping.
+// The JSON contract between the C++ side and the Python export glue (see manifest.cc): the
+// library, then every op with its ONNX name, types, inputs, attributes, outputs and export
+// mapping. It only writes what the registry validated.
 std::string manifest_json();
 
 }  // namespace opbridge
