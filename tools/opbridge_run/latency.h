@@ -9,7 +9,7 @@
 namespace opbridge::run {
 
 struct LatencyStats {
-  double min_ms = 0, median_ms = 0, p90_ms = 0, p99_ms = 0, mean_ms = 0;
+  double min_ms = 0, median_ms = 0, p90_ms = 0, p99_ms = 0;
   double runs_per_s = 0;  // timed runs divided by their total time
 };
 
@@ -32,7 +32,6 @@ inline LatencyStats summarize(std::vector<double> times_ms) {
   s.p90_ms = percentile_sorted(times_ms, 0.90);
   s.p99_ms = percentile_sorted(times_ms, 0.99);
   const double total = std::accumulate(times_ms.begin(), times_ms.end(), 0.0);
-  s.mean_ms = total / static_cast<double>(n);
   s.runs_per_s = total > 0 ? static_cast<double>(n) * 1e3 / total : 0;
   return s;
 }

@@ -110,6 +110,41 @@ TEST(OpbridgeRun, HelpHasUsageAndExample) {
   EXPECT_TRUE(r.err.empty()) << r.err;
 }
 
+TEST(OpbridgeRun, ShortHelpIsTheSameAndListsEveryOption) {
+  const Result r = run_tool({"-h"});
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(r.out, run_tool({"--help"}).out);
+  for (const char* option : {"--input NAME=FILE.npy", "--random", "--seed N", "--dim NAME=VALUE", "--warmup N",
+                             "--repeat N", "--threads N", "--output-dir DIR", "--times FILE.npy", "--library PATH",
+                             "--no-default-library", "-h,--help"})
+    EXPECT_NE(r.out.find(std::string("\n  ") + option + " "), std::string::npos) << option << "\n" << r.out;
+}
+
+// The help's library places, which depend on where the tool is, as "...".
+std::string without_library_places(std::string help) {
+  const std::string from = "(looked up at: ";
+  const size_t start = help.find(from);
+  const size_t end = start == std::string::npos ? start : help.find(")\n", start);
+  if (end == std::string::npos) return help;
+  return help.replace(start + from.size(), end - start - from.size(), "...");
+}
+
+TEST(OpbridgeRun, HelpIsTheDocumentedUsage) {
+  const std::string doc = slurp(OPBRIDGE_RUN_DOC), fence = "```\n";
+  const size_t start = doc.find(fence + "Usage: opbridge-run");
+  ASSERT_NE(start, std::string::npos) << "no usage block in " << OPBRIDGE_RUN_DOC;
+  const size_t end = doc.find(fence, start + fence.size());
+  ASSERT_NE(end, std::string::npos);
+  const std::string documented = doc.substr(start + fence.size(), end - start - fence.size());
+  EXPECT_EQ(without_library_places(documented), without_library_places(run_tool({"--help"}).out));
+}
+
+TEST(OpbridgeRun, IntegersAreDecimalAndARepeatedOptionsLastValueCounts) {
+  const Result r = run_tool({kDemo, "--random", "--repeat", "3", "--repeat=010", "--warmup", "0"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("(10 timed runs after 0 warmup)"), std::string::npos) << r.out;
+}
+
 TEST(OpbridgeRun, DemoModelFromNpyMatchesNaiveLoop) {
   for (const char* exporter : {"dynamo", "torchscript"}) {
     SCOPED_TRACE(exporter);
@@ -283,6 +318,19 @@ TEST(OpbridgeRunErrors, BadCommandLines) {
   expect_error({kDemo, "--input", "x=a.npy", "--input", "x=b.npy"}, "--input x is given twice", 2);
   expect_error({kDemo, "--random", "--dim", "batch=2", "--dim", "batch=3"}, "--dim batch is given twice", 2);
   expect_error({kDemo, "--random", "--dim", "size=2"}, "--dim size: the model has no symbolic dimension 'size' (it has: batch)", 2);
+}
+
+TEST(OpbridgeRunErrors, MoreBadCommandLines) {
+  expect_error({kDemo, "--bogus=3"}, "unknown option '--bogus' (see --help)", 2);
+  expect_error({"-5", kDemo}, "unknown option '-5'", 2);
+  expect_error({kDemo, "--repeat="}, "--repeat needs a value", 2);
+  expect_error({kDemo, "--repeat", "0x10"}, "--repeat: '0x10' is not an integer", 2);
+  expect_error({kDemo, "--no-default-library=no"}, "--no-default-library takes no value", 2);
+  expect_error({kDemo, "--help=1"}, "--help takes no value", 2);
+  expect_error({kDemo, "--random=yes", "--repeat"}, "--random takes no value", 2);
+  expect_error({kDemo, "--dim=batch"}, "--dim: expected NAME=VALUE, got 'batch'", 2);
+  // An option takes one value: a second one is a second model.
+  expect_error({kDemo, "--input", "x=a.npy", "b.onnx"}, "more than one model given", 2);
 }
 
 TEST(OpbridgeRunErrors, BadModels) {
