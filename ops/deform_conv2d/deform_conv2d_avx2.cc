@@ -1,5 +1,6 @@
-// deform_conv2d's hot loops built for AVX2+FMA: the root CMakeLists compiles op sources named
-// *_avx2.cc with -mavx2 -mfma on x86-64. Called only after a CPU check (best_variant()).
+// deform_conv2d's hot loops built for AVX2+FMA: opbridge_add_op_library
+// (cmake/OpBridgeFunctions.cmake) compiles op sources named *_avx2.cc with -mavx2 -mfma on x86-64
+// with GCC or Clang. Called only after a CPU check (best_variant()).
 //
 // Every inline function this file instantiates is compiled for AVX2+FMA, and the linker merges
 // same-named inline functions across object files: so Eigen is renamed into a namespace of its

@@ -1,6 +1,7 @@
-// deform_conv2d's hot loops built for AVX-512: the root CMakeLists compiles op sources named
-// *_avx512.cc with -mavx512f -mavx512dq -mavx512vl -mavx512bw -mavx2 -mfma on x86-64. Called only
-// after a CPU check (best_variant()).
+// deform_conv2d's hot loops built for AVX-512: opbridge_add_op_library
+// (cmake/OpBridgeFunctions.cmake) compiles op sources named *_avx512.cc with -mavx2 -mfma
+// -mavx512f -mavx512dq -mavx512vl -mavx512bw on x86-64 with GCC or Clang. Called only after a CPU
+// check (best_variant()).
 //
 // Every inline function this file instantiates is compiled for AVX-512, and the linker merges
 // same-named inline functions across object files: so Eigen is renamed into a namespace of its

@@ -1,8 +1,9 @@
 // The bodies of deform_conv2d's hot loops, compiled once per instruction set: included by exactly
-// one source file per variant (deform_conv2d.cc, *_avx2.cc, *_avx512.cc), each built with its own
-// flags. A file built for a wider ISA renames Eigen (#define Eigen ...) before including this, and
-// everything here has internal linkage, so the linker never merges a wide-ISA copy of an inline
-// function with the baseline one.
+// one source file per variant (deform_conv2d_variants.cc for the baseline, *_avx2.cc, *_avx512.cc),
+// each built with its own flags (opbridge_add_op_library in cmake/OpBridgeFunctions.cmake). A file
+// built for a wider ISA renames Eigen (#define Eigen ...) before including this, and everything
+// here has internal linkage, so the linker never merges a wide-ISA copy of an inline function with
+// the baseline one.
 #pragma once
 
 #include <Eigen/Core>

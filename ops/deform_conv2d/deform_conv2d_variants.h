@@ -1,8 +1,10 @@
 // deform_conv2d's two hot loops — filling a column block with bilinear samples, and the GEMM — in
 // one variant per instruction set. The rest of the build targets the baseline ISA (x86-64: SSE2),
 // where Eigen's GEMM runs at a fraction of its AVX2/AVX-512 speed, so deform_conv2d_avx2.cc and
-// deform_conv2d_avx512.cc build the same code for those and best_variant() picks one at run time.
-// This header only declares (no Eigen), so the tests can call every variant.
+// deform_conv2d_avx512.cc build the same code for those (their ISA flags come from
+// opbridge_add_op_library in cmake/OpBridgeFunctions.cmake) and best_variant() picks one at run
+// time. deform_conv2d_variants.cc builds the baseline variant and makes the choice. This header
+// only declares (no Eigen), so the tests can call every variant.
 #pragma once
 
 #include <cstdint>

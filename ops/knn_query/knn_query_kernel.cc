@@ -1,0 +1,493 @@
+// knn_query's kernel (the op is defined in knn_query.cc): one k-d tree per batch segment, built
+// on every call, then a depth-first search per query point.
+//
+// Exactness contract: squared distances are (dx*dx + dy*dy) + dz*dz in the input dtype, the
+// order is (distance, index), and the tree only ever prunes a subtree whose lower bound is
+// provably larger (see `Query::bound`), so results equal a naive loop bit for bit. (Building
+// with FMA contraction enabled would break the first point; the default x86-64 flags do not.)
+#include "knn_query_kernel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace opbridge {
+namespace {
+
+// Points per leaf at most; leaves get between kLeafSize/2 and kLeafSize (power-of-two leaf
+// counts). Measured at k = 16: leaves of 16-32 points beat 6-12 by 15% and 24-48 by 7%.
+constexpr int64_t kLeafSize = 32;
+// How the k best are kept (measured at n = 100 000, see docs/ops/knn_query.md): a sorted array
+// with branch-free insertion for float32 up to k = 32 (13% faster than a branching one at
+// k = 16, slower from k = 64 and with float64's 128-bit keys), then a sorted array with
+// branching insertion up to k = 128 (1.2x faster than a heap at k = 64), then a max-heap.
+enum class Keep { BranchFree, Insertion, Heap };
+constexpr int64_t kMaxBranchFreeK = 32;
+constexpr int64_t kMaxInsertionK = 128;
+// Padding index: larger than any row index (n < 2^31 is checked), so it sorts after real points.
+constexpr int32_t kNoPoint = std::numeric_limits<int32_t>::max();
+
+// ---- validation -------------------------------------------------------------------------------
+
+// Segment boundaries {0, offset[0], ..., offset[b-1]}, checked against the row count.
+template <typename I>
+std::vector<int64_t> read_bounds(const TensorView& offset, const char* offset_name, int64_t rows,
+                                 const char* rows_name) {
+  const I* p = offset.data_as<I>();
+  const int64_t b = offset.numel();
+  std::vector<int64_t> bounds(static_cast<size_t>(b) + 1, 0);
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t v = static_cast<int64_t>(p[i]);
+    OB_CHECK(v >= 0, offset_name, "[", i, "] = ", v, " is negative; offsets are cumulative segment ends");
+    OB_CHECK(v >= bounds[i], offset_name, " must be non-decreasing, but ", offset_name, "[", i - 1, "] = ", bounds[i],
+             " > ", offset_name, "[", i, "] = ", v);
+    bounds[i + 1] = v;
+  }
+  OB_CHECK(bounds.back() == rows, "the last entry of ", offset_name, " (", bounds.back(), b == 0 ? ", none given" : "",
+           ") must equal the number of rows of ", rows_name, " (", rows, ")");
+  return bounds;
+}
+
+std::vector<int64_t> segment_bounds(const TensorView& offset, const char* offset_name, int64_t rows,
+                                    const char* rows_name) {
+  std::vector<int64_t> out;
+  visit_dtype<int32_t, int64_t>(offset.dtype, [&](auto zero) {
+    out = read_bounds<decltype(zero)>(offset, offset_name, rows, rows_name);
+  });
+  return out;
+}
+
+// NaN has no place in a distance order and infinities make NaN distances: both are rejected.
+template <typename T>
+void check_finite(const T* p, int64_t rows, const char* name) {
+  bool ok = true;
+  for (int64_t i = 0; i < rows * 3; ++i) ok &= (p[i] - p[i]) == T(0);  // false for NaN and ±inf
+  if (ok) return;
+  for (int64_t i = 0; i < rows * 3; ++i)
+    OB_CHECK(std::isfinite(p[i]), name, "[", i / 3, ", ", i % 3, "] = ", p[i], " is not finite");
+}
+
+// ---- the forest: one implicit, balanced k-d tree per segment ----------------------------------
+//
+// A segment of c points gets depth D, the least with ceil(c / 2^D) <= kLeafSize. Node i has
+// children 2i+1 and 2i+2; a node covering sorted positions [b, e) splits them at
+// mid = b + (e - b) / 2, so ranges follow from the node's path and are never stored. The
+// median point's coordinate is the split: left points are <= split, right points >= split.
+// Points are reordered so every leaf is a contiguous run of the coordinate arrays.
+
+template <typename T>
+struct BuildPoint {
+  T c[3];
+  int32_t idx;
+};
+
+template <typename T>
+struct Forest {
+  std::vector<int64_t> point_begin;  // per segment: first row in xyz (and in the reordered arrays)
+  std::vector<int64_t> count;        // per segment: points
+  std::vector<int> depth;            // per segment: -1 when no tree is built
+  std::vector<int64_t> node_base;    // per segment: its node 0 in the node arrays
+  std::vector<T> split;              // per node (leaves unused)
+  std::vector<uint8_t> split_dim;    // per node (leaves unused)
+  std::vector<int32_t> min_idx;      // per node: the smallest row index below it (for ties)
+  std::vector<T> x, y, z;            // reordered coordinates
+  std::vector<int32_t> idx;          // reordered row indices
+};
+
+// Positions [b, e) of node j (0-based within its level) at `level` of a tree over c points.
+inline void node_range(int64_t c, int level, int64_t j, int64_t& b, int64_t& e) {
+  b = 0, e = c;
+  for (int bit = level - 1; bit >= 0; --bit) {
+    const int64_t mid = b + (e - b) / 2;
+    if ((j >> bit) & 1) b = mid; else e = mid;
+  }
+}
+
+// Runs fn(segment, j) for j < per_segment[s], for every segment, in parallel.
+template <typename F>
+void for_each_task(KernelContext& ctx, const std::vector<int64_t>& per_segment, int64_t grain, F&& fn) {
+  std::vector<int64_t> prefix(per_segment.size() + 1, 0);
+  for (size_t s = 0; s < per_segment.size(); ++s) prefix[s + 1] = prefix[s] + per_segment[s];
+  ctx.parallel_for(prefix.back(), grain, [&](int64_t b, int64_t e) {
+    size_t s = static_cast<size_t>(std::upper_bound(prefix.begin(), prefix.end(), b) - prefix.begin()) - 1;
+    for (int64_t t = b; t < e; ++t) {
+      while (prefix[s + 1] <= t) ++s;
+      fn(s, t - prefix[s]);
+    }
+  });
+}
+
+// Sizes the forest: a tree for every segment that has points and queries (`wanted`), of the
+// least depth whose leaves hold at most kLeafSize points. Returns the largest depth, -1 if none.
+template <typename T>
+int plan_forest(Forest<T>& f, int64_t n, const std::vector<bool>& wanted) {
+  const size_t b = f.point_begin.size();
+  f.depth.assign(b, -1);
+  f.node_base.assign(b, 0);
+  int max_depth = -1;
+  int64_t nodes = 0;
+  for (size_t s = 0; s < b; ++s) {
+    if (!wanted[s] || f.count[s] == 0) continue;
+    int d = 0;
+    while ((f.count[s] + (int64_t{1} << d) - 1) >> d > kLeafSize) ++d;
+    f.depth[s] = d;
+    f.node_base[s] = nodes;
+    nodes += (int64_t{2} << d) - 1;
+    max_depth = std::max(max_depth, d);
+  }
+  f.split.resize(static_cast<size_t>(nodes));
+  f.split_dim.resize(static_cast<size_t>(nodes));
+  f.min_idx.resize(static_cast<size_t>(nodes));
+  f.x.resize(static_cast<size_t>(n));
+  f.y.resize(static_cast<size_t>(n));
+  f.z.resize(static_cast<size_t>(n));
+  f.idx.resize(static_cast<size_t>(n));
+  return max_depth;
+}
+
+// Splits node j of `level` in segment s's tree: the median along the widest extent moves to
+// the middle of the node's range, and becomes the split.
+template <typename T>
+void split_node(Forest<T>& f, BuildPoint<T>* pts, size_t s, int level, int64_t j) {
+  int64_t lo, hi;
+  node_range(f.count[s], level, j, lo, hi);
+  BuildPoint<T>* p = pts + f.point_begin[s];
+  T mn[3] = {p[lo].c[0], p[lo].c[1], p[lo].c[2]}, mx[3] = {mn[0], mn[1], mn[2]};
+  int32_t first = p[lo].idx;
+  for (int64_t i = lo + 1; i < hi; ++i) {
+    for (int a = 0; a < 3; ++a) {
+      mn[a] = std::min(mn[a], p[i].c[a]);
+      mx[a] = std::max(mx[a], p[i].c[a]);
+    }
+    first = std::min(first, p[i].idx);
+  }
+  // Split the widest extent: adapts to flat or elongated clouds (scans, surfaces).
+  int d = 0;
+  for (int a = 1; a < 3; ++a)
+    if (mx[a] - mn[a] > mx[d] - mn[d]) d = a;
+  const int64_t mid = lo + (hi - lo) / 2;
+  std::nth_element(p + lo, p + mid, p + hi,
+                   [d](const BuildPoint<T>& u, const BuildPoint<T>& v) { return u.c[d] < v.c[d]; });
+  const int64_t node = f.node_base[s] + (int64_t{1} << level) - 1 + j;
+  f.split[node] = p[mid].c[d];
+  f.split_dim[node] = static_cast<uint8_t>(d);
+  f.min_idx[node] = first;
+}
+
+// Leaf j of segment s's tree: its points into the reordered coordinate arrays, and its
+// smallest index.
+template <typename T>
+void write_leaf(Forest<T>& f, const BuildPoint<T>* pts, size_t s, int64_t j) {
+  int64_t lo, hi;
+  node_range(f.count[s], f.depth[s], j, lo, hi);
+  const int64_t base = f.point_begin[s];
+  int32_t first = kNoPoint;
+  for (int64_t i = base + lo; i < base + hi; ++i) {
+    f.x[i] = pts[i].c[0];
+    f.y[i] = pts[i].c[1];
+    f.z[i] = pts[i].c[2];
+    f.idx[i] = pts[i].idx;
+    first = std::min(first, pts[i].idx);
+  }
+  f.min_idx[f.node_base[s] + (int64_t{1} << f.depth[s]) - 1 + j] = first;
+}
+
+template <typename T>
+void build_forest(KernelContext& ctx, Forest<T>& f, const T* xyz, int64_t n, const std::vector<bool>& wanted) {
+  const int max_depth = plan_forest(f, n, wanted);
+  std::vector<BuildPoint<T>> pts(static_cast<size_t>(n));
+  ctx.parallel_for(n, 1 << 14, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+      pts[i] = BuildPoint<T>{{xyz[3 * i], xyz[3 * i + 1], xyz[3 * i + 2]}, static_cast<int32_t>(i)};
+  });
+
+  // Top-down, one level at a time across all segments: level l has 2^l nodes per segment, so
+  // threads share the work from the first levels on, whether there is one segment or many.
+  const size_t b = f.point_begin.size();
+  std::vector<int64_t> per_segment(b);
+  for (int level = 0; level < max_depth; ++level) {
+    for (size_t s = 0; s < b; ++s) per_segment[s] = f.depth[s] > level ? int64_t{1} << level : 0;
+    for_each_task(ctx, per_segment, 1, [&](size_t s, int64_t j) { split_node(f, pts.data(), s, level, j); });
+  }
+  for (size_t s = 0; s < b; ++s) per_segment[s] = f.depth[s] >= 0 ? int64_t{1} << f.depth[s] : 0;
+  for_each_task(ctx, per_segment, 64, [&](size_t s, int64_t j) { write_leaf(f, pts.data(), s, j); });
+}
+
+// ---- the query ------------------------------------------------------------------------------
+
+// A (squared distance, index) pair as one unsigned integer: distances are never negative or
+// NaN, and non-negative IEEE values order like their bit patterns, so comparing keys is
+// exactly the order "distance, then index" (+inf included).
+template <typename T>
+struct KeyOf;
+template <>
+struct KeyOf<float> {
+  using Bits = uint32_t;
+  using Key = uint64_t;
+};
+template <>
+struct KeyOf<double> {
+  using Bits = uint64_t;
+  __extension__ typedef unsigned __int128 Key;  // GCC and Clang; 96 bits are used
+};
+template <typename T>
+using Key = typename KeyOf<T>::Key;
+
+template <typename T>
+inline Key<T> make_key(T d2, int32_t id) {
+  typename KeyOf<T>::Bits bits;
+  std::memcpy(&bits, &d2, sizeof bits);
+  return (static_cast<Key<T>>(bits) << 32) | static_cast<uint32_t>(id);
+}
+template <typename T>
+inline T key_d2(Key<T> key) {
+  const auto bits = static_cast<typename KeyOf<T>::Bits>(key >> 32);
+  T d2;
+  std::memcpy(&d2, &bits, sizeof d2);
+  return d2;
+}
+template <typename T>
+inline int32_t key_idx(Key<T> key) { return static_cast<int32_t>(static_cast<uint32_t>(key)); }
+
+// The k best keys so far: a sorted array or a max-heap (see Keep). Starts full of padding
+// keys (+inf, kNoPoint), so "better than the worst" is the only test.
+template <typename T, Keep kKeep>
+class Best {
+  static constexpr bool kHeap = kKeep == Keep::Heap;
+
+ public:
+  void reset(int64_t k) {
+    k_ = k;
+    keys_.assign(static_cast<size_t>(k), make_key(std::numeric_limits<T>::infinity(), kNoPoint));
+  }
+  // The key a candidate must beat: the last of the sorted array, or the heap's root.
+  Key<T> worst() const { return kHeap ? keys_[0] : keys_[k_ - 1]; }
+
+  void push(Key<T> key) {  // the caller checked that key < worst()
+    if (kHeap) return sift_down(key, k_);
+    Key<T>* a = keys_.data();
+    if (kKeep == Keep::BranchFree) {
+      // Slot j takes a[j-1] if that is larger than key, else key if a[j] is larger, else stays:
+      // min(max(a[j-1], key), a[j]), from the back so a[j-1] is still the old value.
+      for (int64_t j = k_ - 1; j > 0; --j) {
+        const Key<T> m = a[j - 1] > key ? a[j - 1] : key;
+        a[j] = m < a[j] ? m : a[j];
+      }
+      a[0] = key < a[0] ? key : a[0];
+      return;
+    }
+    int64_t j = k_ - 1;
+    for (; j > 0 && key < a[j - 1]; --j) a[j] = a[j - 1];
+    a[j] = key;
+  }
+
+  // Writes the k pairs nearest first, then padding up to k_out: index -1, distance +inf (a
+  // padded slot is never nearer than a real point, and weighs 0 under 1/dist).
+  void write(int32_t* out_idx, T* out_dist, int64_t k_out) {
+    if (kHeap) {
+      for (int64_t last = k_ - 1; last > 0; --last) {  // heap sort: worst to the back
+        const Key<T> key = keys_[last];
+        keys_[last] = keys_[0];
+        sift_down(key, last);
+      }
+    }
+    for (int64_t i = 0; i < k_out; ++i) {
+      const int32_t id = i < k_ ? key_idx<T>(keys_[i]) : kNoPoint;
+      out_idx[i] = id == kNoPoint ? -1 : id;
+      out_dist[i] = id == kNoPoint ? std::numeric_limits<T>::infinity() : std::sqrt(key_d2<T>(keys_[i]));
+    }
+  }
+
+ private:
+  // Puts `key` at the root of the max-heap keys_[0, size) and sifts it down.
+  void sift_down(Key<T> key, int64_t size) {
+    int64_t j = 0;
+    for (;;) {
+      int64_t c = 2 * j + 1;
+      if (c >= size) break;
+      if (c + 1 < size && keys_[c] < keys_[c + 1]) ++c;
+      if (!(key < keys_[c])) break;
+      keys_[j] = keys_[c];
+      j = c;
+    }
+    keys_[j] = key;
+  }
+  int64_t k_ = 0;
+  std::vector<Key<T>> keys_;
+};
+
+// The k-d tree of one segment, as the query sees it.
+template <typename T>
+struct SegmentTree {
+  const T* split;
+  const uint8_t* split_dim;
+  const int32_t* min_idx;
+  const T *x, *y, *z;
+  const int32_t* idx;
+  int64_t count, first_leaf;
+};
+
+// Depth-first search of one segment's tree for one query point, near child first.
+template <typename T, typename BestT>
+struct Query {
+  const SegmentTree<T>& t;
+  T q[3];
+  BestT& best;
+
+  // A lower bound on the squared distance from q to any point of a cell, given per axis the
+  // distance o[a] = |fl(q - face)| to the cell's nearer splitting plane (0 inside). Planes are
+  // point coordinates, so each term is <= the same term for any point beyond the plane
+  // (rounding is monotone); with the sum in a point's order, the bound never exceeds a point's
+  // computed distance, so pruning on it is exact.
+  static T bound(const T o[3]) { return o[0] * o[0] + o[1] * o[1] + o[2] * o[2]; }
+
+  // Whether a cell with lower bound `lb` whose smallest index is `first` may hold a better pair.
+  bool worth(T lb, int32_t first) const { return make_key(lb, first) < best.worst(); }
+
+  void scan_leaf(int64_t lo, int64_t hi) {
+    T d2[kLeafSize];
+    const int64_t len = hi - lo;
+    const T *x = t.x + lo, *y = t.y + lo, *z = t.z + lo;
+    for (int64_t i = 0; i < len; ++i) {  // vectorized
+      const T dx = x[i] - q[0], dy = y[i] - q[1], dz = z[i] - q[2];
+      d2[i] = dx * dx + dy * dy + dz * dz;
+    }
+    // Most points lose to the current worst: find the few candidates without a branch each,
+    // then push those that beat it in the exact (distance, index) order.
+    const T w = key_d2<T>(best.worst());
+    int cand[kLeafSize];
+    int n_cand = 0;
+    for (int i = 0; i < static_cast<int>(len); ++i) {
+      cand[n_cand] = i;
+      n_cand += d2[i] <= w;
+    }
+    for (int j = 0; j < n_cand; ++j) {
+      const Key<T> key = make_key(d2[cand[j]], t.idx[lo + cand[j]]);
+      if (key < best.worst()) best.push(key);
+    }
+  }
+
+  // Visits `node` (sorted positions [lo, hi)), with o and lb its cell's plane distances and bound.
+  void visit(int64_t node, int64_t lo, int64_t hi, T o[3], T lb) {
+    if (node >= t.first_leaf) return scan_leaf(lo, hi);
+    const int d = t.split_dim[node];
+    const T diff = q[d] - t.split[node];
+    const int64_t mid = lo + (hi - lo) / 2;
+    // Near child: the side of the split q lies on (right when on it: those points are >= it).
+    const bool left_near = diff < 0;
+    const int64_t near = 2 * node + (left_near ? 1 : 2), far = 2 * node + (left_near ? 2 : 1);
+    const int64_t near_lo = left_near ? lo : mid, near_hi = left_near ? mid : hi;
+    const int64_t far_lo = left_near ? mid : lo, far_hi = left_near ? hi : mid;
+    const T old = o[d], far_plane = std::abs(diff);
+    o[d] = far_plane;
+    const T far_lb = bound(o);
+    o[d] = old;
+    // Equal bounds (duplicates, q on the plane): the subtree with the smaller index first, so
+    // ties settle after a few leaves instead of the whole tree.
+    const bool far_first = far_lb == lb && t.min_idx[far] < t.min_idx[near];
+    if (!far_first && worth(lb, t.min_idx[near])) visit(near, near_lo, near_hi, o, lb);
+    if (worth(far_lb, t.min_idx[far])) {
+      o[d] = far_plane;
+      visit(far, far_lo, far_hi, o, far_lb);
+      o[d] = old;
+    }
+    if (far_first && worth(lb, t.min_idx[near])) visit(near, near_lo, near_hi, o, lb);
+  }
+
+  void run() {
+    T o[3] = {T(0), T(0), T(0)};
+    visit(0, 0, t.count, o, T(0));
+  }
+};
+
+// The tree of segment s as the query sees it.
+template <typename T>
+SegmentTree<T> segment_tree(const Forest<T>& f, size_t s) {
+  const int64_t base = f.point_begin[s], nb = f.node_base[s], c = f.count[s];
+  return SegmentTree<T>{f.split.data() + nb, f.split_dim.data() + nb, f.min_idx.data() + nb,
+                        f.x.data() + base, f.y.data() + base, f.z.data() + base, f.idx.data() + base,
+                        c, c ? (int64_t{1} << f.depth[s]) - 1 : 0};
+}
+
+// The forest over xyz for segment boundaries pb (points) and qb (queries).
+template <typename T>
+Forest<T> forest_for(KernelContext& ctx, const T* xyz, int64_t n, const std::vector<int64_t>& pb,
+                     const std::vector<int64_t>& qb) {
+  const size_t b = pb.size() - 1;
+  Forest<T> f;
+  std::vector<bool> wanted(b);
+  f.point_begin.resize(b);
+  f.count.resize(b);
+  for (size_t s = 0; s < b; ++s) {
+    f.point_begin[s] = pb[s];
+    f.count[s] = pb[s + 1] - pb[s];
+    wanted[s] = qb[s + 1] > qb[s];  // no queries: no tree
+  }
+  build_forest(ctx, f, xyz, n, wanted);
+  return f;
+}
+
+// Searches every query i < m (qxyz, segments qb) and writes its row of idx and dist.
+template <typename T>
+void query_all(KernelContext& ctx, const Forest<T>& f, const T* qxyz, int64_t m, const std::vector<int64_t>& qb,
+               int64_t k, int32_t* out_idx, T* out_dist) {
+  ctx.parallel_for(m, 256, [&](int64_t lo, int64_t hi) {
+    Best<T, Keep::BranchFree> branch_free;
+    Best<T, Keep::Insertion> insertion;
+    Best<T, Keep::Heap> heap;
+    size_t s = static_cast<size_t>(std::upper_bound(qb.begin(), qb.end(), lo) - qb.begin()) - 1;
+    for (int64_t i = lo; i < hi; ++i) {
+      while (qb[s + 1] <= i) ++s;
+      const int64_t kk = std::min(k, f.count[s]);  // a segment smaller than k: the rest is padding
+      const SegmentTree<T> t = segment_tree(f, s);
+      auto search = [&](auto& best) {
+        using BestT = std::decay_t<decltype(best)>;
+        best.reset(kk);
+        if (kk > 0) Query<T, BestT>{t, {qxyz[3 * i], qxyz[3 * i + 1], qxyz[3 * i + 2]}, best}.run();
+        best.write(out_idx + i * k, out_dist + i * k, k);
+      };
+      if (kk > kMaxInsertionK) search(heap);
+      else if (std::is_same_v<T, float> && kk <= kMaxBranchFreeK) search(branch_free);
+      else search(insertion);
+    }
+  });
+}
+
+template <typename T>
+void knn(KernelContext& ctx, int64_t k) {
+  const TensorView& xyz_t = ctx.input("xyz");
+  const TensorView* new_xyz_t = ctx.optional_input("new_xyz");
+  const TensorView* new_offset_t = ctx.optional_input("new_offset");
+  // Shape rules treat each optional input alone: only the kernel can pair them.
+  OB_CHECK((new_xyz_t == nullptr) == (new_offset_t == nullptr), "new_xyz and new_offset must be given together");
+  const TensorView& q_t = new_xyz_t ? *new_xyz_t : xyz_t;
+  const int64_t n = xyz_t.dim(0), m = q_t.dim(0);
+  // idx is int32: every row index must fit, with one value left for the padding marker.
+  OB_CHECK(n < kNoPoint, "xyz has ", n, " rows; idx is int32, so at most ", kNoPoint - 1, " are supported");
+
+  // As many segments in both: the spec checks that new_offset has offset's length.
+  const std::vector<int64_t> pb = segment_bounds(ctx.input("offset"), "offset", n, "xyz");
+  const std::vector<int64_t> qb = new_xyz_t ? segment_bounds(*new_offset_t, "new_offset", m, "new_xyz") : pb;
+  const T* xyz = xyz_t.data_as<T>();
+  const T* qxyz = q_t.data_as<T>();
+  check_finite(xyz, n, "xyz");
+  if (new_xyz_t) check_finite(qxyz, m, "new_xyz");
+
+  int32_t* out_idx = ctx.output(0).data_as<int32_t>();
+  T* out_dist = ctx.output(1).data_as<T>();
+  if (m == 0) return;
+  const Forest<T> f = forest_for(ctx, xyz, n, pb, qb);
+  query_all(ctx, f, qxyz, m, qb, k, out_idx, out_dist);
+}
+
+}  // namespace
+
+void knn_query_kernel(KernelContext& ctx) {
+  const int64_t k = ctx.attr_int("k");  // >= 1: a spec check
+  visit_dtype<float, double>(ctx.input("xyz").dtype, [&](auto zero) { knn<decltype(zero)>(ctx, k); });
+}
+
+}  // namespace opbridge

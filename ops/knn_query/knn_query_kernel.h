@@ -1,0 +1,12 @@
+// knn_query's CPU kernel, defined in knn_query_kernel.cc; the op itself is defined in knn_query.cc.
+#pragma once
+
+#include <opbridge/kernel_context.h>
+
+namespace opbridge {
+
+// Runs on inputs the spec has already validated: ranks, dtypes, k >= 1, (n, 3) and (m, 3)
+// points, as many new_offset entries as offset entries. Checks what only values tell.
+void knn_query_kernel(KernelContext& ctx);
+
+}  // namespace opbridge
