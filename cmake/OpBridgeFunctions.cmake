@@ -66,3 +66,23 @@ OPBRIDGE_LIBRARY(\"${name}\", \"${ARG_TORCH_NAMESPACE}\", \"${ARG_ONNX_DOMAIN}\"
   target_link_libraries(${name}_ort PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,opbridge::ort_adapter>" opbridge::core)
   target_link_options(${name}_ort PRIVATE "-Wl,--version-script=${dir}/ort.map" "-Wl,--no-undefined")
 endfunction()
+
+# opbridge_add_kernel_test(<test> LIBRARY <name> SOURCES <test sources...>)
+#
+# A GoogleTest executable for the kernels of op library <name> (from opbridge_add_op_library),
+# run without PyTorch or ONNX Runtime: the sources include <opbridge/testing/kernel_harness.h> and
+# call opbridge::testing::run("<op>", inputs, attributes), the same validation, shape rules and
+# output allocation both runtimes use. Each test case becomes a CTest test (call enable_testing()
+# first). The built-in ops are tested this way too (tests/cpp/CMakeLists.txt).
+function(opbridge_add_kernel_test test)
+  cmake_parse_arguments(ARG "" "LIBRARY" "SOURCES" ${ARGN})
+  if(NOT ARG_LIBRARY OR NOT ARG_SOURCES)
+    message(FATAL_ERROR "opbridge_add_kernel_test(${test}): give LIBRARY and SOURCES")
+  endif()
+  find_package(GTest REQUIRED)
+  include(GoogleTest)
+  add_executable(${test} ${ARG_SOURCES})
+  # Linking the object library adds its objects (the op registrations) and its usage requirements.
+  target_link_libraries(${test} PRIVATE ${ARG_LIBRARY}_ops opbridge::core GTest::gtest_main)
+  gtest_discover_tests(${test})
+endfunction()

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "opbridge/kernel_context.h"
+#include "opbridge/kernel_call.h"
 #include "opbridge/prepare.h"
 #include "opbridge/registry.h"
 
@@ -159,11 +159,12 @@ void* output_data(const OrtKernelContext* ctx, size_t i, const Shape& shape) {
   return data;
 }
 
-class OrtKernelContextAdapter final : public KernelContext {
+// ONNX Runtime as a kernel's host: outputs are the node's outputs, parallel work runs on the
+// session's intra-op thread pool.
+class OrtHost final : public KernelHost {
  public:
-  OrtKernelContextAdapter(const OrtKernelContext* ort, const OpSpec& op, std::vector<const TensorView*> in,
-                          std::vector<TensorView> out, const std::vector<AttrValue>& attrs)
-      : KernelContext(op, std::move(in), std::move(out), attrs), ort_(ort) {}
+  explicit OrtHost(const OrtKernelContext* ort) : ort_(ort) {}
+  void* output_memory(size_t i, DType, const Shape& shape) override { return output_data(ort_, i, shape); }
 
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) override {
     if (n <= 0) return;
@@ -193,7 +194,6 @@ class OrtKernelContextAdapter final : public KernelContext {
       }
     }
   };
-  void* allocate(size_t i, DType, const Shape& shape) override { return output_data(ort_, i, shape); }
   const OrtKernelContext* ort_;
 };
 
@@ -221,19 +221,8 @@ void compute(const Kernel& k, OrtKernelContext* ctx) {
     views[i] = TensorView{data, from_onnx(et, op.inputs[i].name), shape, contiguous_strides(shape), Device::CPU};
     inputs[i] = &views[i];
   }
-  PreparedCall call = prepare_call(op, inputs, k.attrs);
-  std::vector<TensorView> outputs;
-  for (size_t i = 0; i < op.outputs.size(); ++i) {
-    const Shape& s = call.output_shapes[i];
-    if (op.outputs[i].data_dependent()) {  // allocated by the kernel (allocate_output)
-      outputs.push_back(TensorView{nullptr, call.output_dtypes[i], s, {}, Device::CPU});
-      continue;
-    }
-    outputs.push_back(TensorView{output_data(ctx, i, s), call.output_dtypes[i], s, contiguous_strides(s), Device::CPU});
-  }
-  OrtKernelContextAdapter kctx(ctx, op, inputs, std::move(outputs), k.attrs);
-  op.cpu_kernel(kctx);
-  kctx.check_outputs_allocated();
+  OrtHost host(ctx);
+  run_kernel(op, inputs, k.attrs, host);
 }
 
 // Runs f, turning any exception into a failed status that names the op (and node).

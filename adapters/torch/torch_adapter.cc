@@ -14,7 +14,7 @@
 #include <cstdio>
 #include <memory>
 
-#include "opbridge/kernel_context.h"
+#include "opbridge/kernel_call.h"
 #include "opbridge/prepare.h"
 #include "opbridge/registry.h"
 #include "opbridge/shape_infer.h"
@@ -159,23 +159,18 @@ AttrValue to_attr(const AttrSpec& a, const c10::IValue& v) {
   return int64_t{0};
 }
 
-class TorchKernelContext final : public KernelContext {
+// PyTorch as a kernel's host: outputs are fresh tensors, parallel work runs on at::parallel_for.
+class TorchHost final : public KernelHost {
  public:
-  TorchKernelContext(const OpSpec& op, std::vector<const TensorView*> in, std::vector<TensorView> out,
-                     const std::vector<AttrValue>& attrs, std::vector<at::Tensor>& tensors)
-      : KernelContext(op, std::move(in), std::move(out), attrs), tensors_(tensors) {}
+  explicit TorchHost(size_t n_outputs) : tensors(n_outputs) {}
+  void* output_memory(size_t i, DType dtype, const Shape& shape) override {
+    tensors.at(i) = at::empty(shape, at::TensorOptions().dtype(to_scalar_type(dtype)));
+    return tensors[i].data_ptr();
+  }
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) override {
     at::parallel_for(0, n, grain, fn);
   }
-
- protected:
-  void* allocate(size_t i, DType dtype, const Shape& shape) override {
-    tensors_.at(i) = at::empty(shape, at::TensorOptions().dtype(to_scalar_type(dtype)));
-    return tensors_[i].data_ptr();
-  }
-
- private:
-  std::vector<at::Tensor>& tensors_;
+  std::vector<at::Tensor> tensors;
 };
 
 // One boxed functor per op and dispatch key; it holds the spec, so no lookup per call.
@@ -221,23 +216,9 @@ class BoxedOp final : public c10::OperatorKernel {
                             t.strides().vec(), Device::CPU};
       inputs.push_back(&views[i]);
     }
-    PreparedCall call = prepare_call(op_, inputs, attrs);
-    std::vector<at::Tensor> outputs;
-    std::vector<TensorView> out_views;
-    for (size_t i = 0; i < op_.outputs.size(); ++i) {
-      if (op_.outputs[i].data_dependent()) {  // allocated by the kernel (allocate_output)
-        outputs.emplace_back();
-        out_views.push_back(TensorView{nullptr, call.output_dtypes[i], call.output_shapes[i], {}, Device::CPU});
-        continue;
-      }
-      outputs.push_back(at::empty(call.output_shapes[i], at::TensorOptions().dtype(to_scalar_type(call.output_dtypes[i]))));
-      out_views.push_back(TensorView{outputs.back().data_ptr(), call.output_dtypes[i], call.output_shapes[i],
-                                     contiguous_strides(call.output_shapes[i]), Device::CPU});
-    }
-    TorchKernelContext ctx(op_, inputs, std::move(out_views), attrs, outputs);
-    op_.cpu_kernel(ctx);
-    ctx.check_outputs_allocated();
-    return outputs;
+    TorchHost host(op_.outputs.size());
+    run_kernel(op_, inputs, attrs, host);
+    return std::move(host.tensors);
   }
 
   std::vector<at::Tensor> run_meta(const std::vector<std::optional<at::Tensor>>& tensors, const std::vector<AttrValue>& attrs) {

@@ -43,7 +43,6 @@ int64_t TensorView::numel() const {
   return n;
 }
 
-bool TensorView::is_contiguous() const { return strides.empty() || strides == contiguous_strides(shape); }
 
 void TensorView::check_type(DType t) const {
   OB_CHECK(t == dtype, "kernel reads a ", dtype_name(dtype), " tensor as ", dtype_name(t));

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "opbridge/error.h"
+#include "opbridge/kernel_call.h"
 
 namespace opbridge {
 
@@ -44,7 +45,8 @@ TensorView& KernelContext::allocate_output(size_t i, Shape shape) {
     OB_CHECK(out.shape[d] == kDataDependentDim || out.shape[d] == shape[d], "kernel gives output '", spec.name,
              "' shape ", shape_str(shape), "; its shape rule fixes axis ", d, " to ", out.shape[d]);
   }
-  out.data = allocate(i, out.dtype, shape);
+  checked_nbytes(out.dtype, shape, spec.name);
+  out.data = host_.output_memory(i, out.dtype, shape);
   out.strides = contiguous_strides(shape);
   out.shape = std::move(shape);
   return out;
@@ -54,15 +56,6 @@ void KernelContext::check_outputs_allocated() const {
   for (size_t i = 0; i < outputs_.size(); ++i)
     OB_CHECK(!pending(outputs_[i]), "the kernel returned without allocating its data-dependent output '",
              op_.outputs[i].name, "' (a bug in the op's kernel)");
-}
-
-void* KernelContext::allocate(size_t, DType dtype, const Shape& shape) {
-  int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
-  for (int64_t d : shape)
-    OB_CHECK(!__builtin_mul_overflow(bytes, d, &bytes), "output of shape ", shape_str(shape), " is too large");
-  std::lock_guard<std::mutex> lock(scratch_mu_);
-  owned_outputs_.push_back(std::make_unique<std::byte[]>(static_cast<size_t>(std::max<int64_t>(bytes, 1))));
-  return owned_outputs_.back().get();
 }
 
 void* KernelContext::scratch(size_t bytes) {

@@ -5,7 +5,8 @@
 #include <limits>
 
 #include "deform_conv2d_variants.h"
-#include "kernel_harness.h"
+#include <gtest/gtest.h>
+#include <opbridge/testing/kernel_harness.h>
 
 namespace opbridge::testing {
 namespace {

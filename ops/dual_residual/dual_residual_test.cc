@@ -1,5 +1,6 @@
 // dual_residual's kernel against a naive loop.
-#include "kernel_harness.h"
+#include <gtest/gtest.h>
+#include <opbridge/testing/kernel_harness.h>
 
 namespace opbridge::testing {
 namespace {

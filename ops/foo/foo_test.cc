@@ -1,5 +1,6 @@
 // foo's kernel against a naive loop, and its same-shape rule.
-#include "kernel_harness.h"
+#include <gtest/gtest.h>
+#include <opbridge/testing/kernel_harness.h>
 
 namespace opbridge::testing {
 namespace {

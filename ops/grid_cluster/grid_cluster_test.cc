@@ -3,7 +3,8 @@
 #include <cmath>
 #include <limits>
 
-#include "kernel_harness.h"
+#include <gtest/gtest.h>
+#include <opbridge/testing/kernel_harness.h>
 
 namespace opbridge::testing {
 namespace {

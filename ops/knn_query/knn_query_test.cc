@@ -6,7 +6,8 @@
 #include <random>
 #include <utility>
 
-#include "kernel_harness.h"
+#include <gtest/gtest.h>
+#include <opbridge/testing/kernel_harness.h>
 
 namespace opbridge::testing {
 namespace {

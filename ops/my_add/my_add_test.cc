@@ -1,5 +1,6 @@
 // my_add's kernel against a naive broadcasting loop.
-#include "kernel_harness.h"
+#include <gtest/gtest.h>
+#include <opbridge/testing/kernel_harness.h>
 
 namespace opbridge::testing {
 namespace {

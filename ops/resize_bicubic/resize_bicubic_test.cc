@@ -2,7 +2,8 @@
 // function of distance, half-pixel source coordinates, edge pixels repeated.
 #include <cmath>
 
-#include "kernel_harness.h"
+#include <gtest/gtest.h>
+#include <opbridge/testing/kernel_harness.h>
 
 namespace opbridge::testing {
 namespace {

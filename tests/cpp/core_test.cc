@@ -5,7 +5,7 @@
 #include <climits>
 #include <cmath>
 
-#include "kernel_harness.h"
+#include <opbridge/testing/kernel_harness.h>
 #include "opbridge/op.h"
 #include "opbridge/shape_infer.h"
 
@@ -143,7 +143,8 @@ TEST(KernelContext, AllocateOutputChecksTheRule) {
   std::vector<AttrValue> attrs;
   PreparedCall call = prepare_call(op, {&a}, attrs);
   ASSERT_EQ(call.output_shapes[0], (Shape{3, kDataDependentDim}));
-  SerialKernelContext ctx(op, {&a}, {TensorView{nullptr, DType::Float32, call.output_shapes[0], {}, Device::CPU}}, attrs);
+  testing::TestHost host(1, /*threaded=*/false);
+  KernelContext ctx(op, {&a}, {TensorView{nullptr, DType::Float32, call.output_shapes[0], {}, Device::CPU}}, attrs, host);
   EXPECT_THROW(ctx.check_outputs_allocated(), Error);
   EXPECT_THROW(ctx.allocate_output(0, {3}), Error);     // wrong rank
   EXPECT_THROW(ctx.allocate_output(0, {4, 2}), Error);  // the rule fixes axis 0 to 3

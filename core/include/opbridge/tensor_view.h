@@ -11,7 +11,8 @@ namespace opbridge {
 
 using Shape = std::vector<int64_t>;
 
-enum class Device : int8_t { CPU, CUDA };
+// Where a view's memory lives. Only CPU kernels exist so far; a device joins with its first kernel.
+enum class Device : int8_t { CPU };
 
 struct TensorView {
   void* data = nullptr;
@@ -23,7 +24,6 @@ struct TensorView {
   int64_t rank() const { return static_cast<int64_t>(shape.size()); }
   int64_t dim(int64_t i) const { return shape.at(static_cast<size_t>(i < 0 ? i + rank() : i)); }
   int64_t numel() const;
-  bool is_contiguous() const;
 
   template <typename T> T* data_as() const { check_type(DTypeOf<T>::value); return static_cast<T*>(data); }
 

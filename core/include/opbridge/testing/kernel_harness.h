@@ -1,9 +1,17 @@
-// Runs an op's kernel outside any runtime, for kernel tests against naive loops.
+// Runs an op's kernel outside any runtime, for C++ kernel tests against naive loops: the same
+// validation, shape rules and output allocation as in PyTorch and ONNX Runtime, with no
+// dependency on either (or on a test framework). Installed with the opbridge headers, so an op
+// library built outside this repository tests its kernels the way the built-in ops do:
+//
+//   using namespace opbridge::testing;
+//   auto out = run("my_op", {Tensor::of<float>({2, 3}, {...}), std::nullopt}, {{"alpha", 0.5}});
+//   out[0].values<float>()  // compare with a naive loop
 #pragma once
 
-#include <gtest/gtest.h>
-
+#include <algorithm>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -11,10 +19,10 @@
 #include <thread>
 #include <vector>
 
-#include "opbridge/kernel_context.h"
+#include "opbridge/error.h"
+#include "opbridge/kernel_call.h"
 #include "opbridge/prepare.h"
 #include "opbridge/registry.h"
-#include "opbridge/shape_infer.h"
 
 namespace opbridge::testing {
 
@@ -25,11 +33,19 @@ struct Tensor {
 
   template <typename T>
   static Tensor of(Shape shape, std::vector<T> values) {
-    Tensor t;
-    t.bytes = std::make_shared<std::vector<std::byte>>(values.size() * sizeof(T));
+    Tensor t = empty(DTypeOf<T>::value, std::move(shape));
+    OB_CHECK(t.view.numel() == static_cast<int64_t>(values.size()), "Tensor::of: shape ", shape_str(t.view.shape),
+             " holds ", t.view.numel(), " values, got ", values.size());
     if (!values.empty()) std::memcpy(t.bytes->data(), values.data(), t.bytes->size());
-    t.view = TensorView{t.bytes->data(), DTypeOf<T>::value, shape, contiguous_strides(shape), Device::CPU};
-    EXPECT_EQ(t.view.numel(), static_cast<int64_t>(values.size()));
+    return t;
+  }
+  // Uninitialised contents.
+  static Tensor empty(DType dtype, Shape shape) {
+    Tensor t;
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    t.bytes = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(n) * dtype_size(dtype));
+    t.view = TensorView{t.bytes->data(), dtype, shape, contiguous_strides(shape), Device::CPU};
     return t;
   }
   template <typename T>
@@ -49,12 +65,19 @@ struct Tensor {
   }
 };
 
-// Splits work over real threads in small chunks, so kernel tests exercise chunk boundaries.
-class ThreadedKernelContext final : public KernelContext {
+// A host for kernel tests. Outputs are owned by the harness; parallel work is split over real
+// threads in deliberately tiny, odd chunks so tests exercise chunk boundaries (or run serially).
+class TestHost final : public KernelHost {
  public:
-  using KernelContext::KernelContext;
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) override {
-    const int64_t chunk = 7;  // deliberately tiny and odd
+  explicit TestHost(size_t n_outputs, bool threaded) : outputs(n_outputs), threaded_(threaded) {}
+  void* output_memory(size_t i, DType dtype, const Shape& shape) override {
+    outputs.at(i) = Tensor::empty(dtype, shape);
+    return outputs[i].view.data;
+  }
+  void parallel_for(int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& fn) override {
+    if (n <= 0) return;
+    if (!threaded_) return fn(0, n);
+    const int64_t chunk = 7;
     std::vector<std::thread> threads;
     std::vector<std::exception_ptr> errors(4);
     for (int t = 0; t < 4; ++t)
@@ -69,13 +92,21 @@ class ThreadedKernelContext final : public KernelContext {
     for (auto& e : errors)
       if (e) std::rethrow_exception(e);
   }
+  std::vector<Tensor> outputs;
+
+ private:
+  bool threaded_;
 };
 
-// Runs op `name` on the given inputs (nullopt: an absent optional input) and attributes.
+// Runs op `name` of this library's registry on the given inputs (nullopt: an absent optional
+// input) and attributes (defaults filled in), through the same call sequence as PyTorch and ONNX
+// Runtime (validation, shape rules, output allocation). Throws opbridge::Error as they would
+// report it, without the op's name.
 inline std::vector<Tensor> run(const std::string& name, const std::vector<std::optional<Tensor>>& in,
                                const std::map<std::string, AttrValue>& given = {}, bool threaded = true) {
   const OpSpec* op = registry().find(name);
-  if (!op) throw Error("no op " + name);
+  OB_CHECK(op, "no op '", name, "' in this library");
+  OB_CHECK(op->cpu_kernel, "op '", name, "' has no kernel");
   std::vector<const TensorView*> inputs;
   for (const auto& t : in) inputs.push_back(t ? &t->view : nullptr);
   inputs.resize(op->inputs.size(), nullptr);
@@ -85,40 +116,10 @@ inline std::vector<Tensor> run(const std::string& name, const std::vector<std::o
     attr_in.push_back(it == given.end() ? std::nullopt : std::optional<AttrValue>(it->second));
   }
   std::vector<AttrValue> attrs = resolve_attrs(*op, attr_in);
-  PreparedCall call = prepare_call(*op, inputs, attrs);
-  std::vector<Tensor> outs;
-  std::vector<TensorView> views;
-  for (size_t i = 0; i < op->outputs.size(); ++i) {
-    Tensor t;
-    int64_t n = 1;
-    for (int64_t d : call.output_shapes[i]) n *= std::max<int64_t>(d, 0);  // data-dependent: kernel allocates
-    t.bytes = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(n) * dtype_size(call.output_dtypes[i]));
-    t.view = TensorView{t.bytes->data(), call.output_dtypes[i], call.output_shapes[i],
-                        contiguous_strides(call.output_shapes[i]), Device::CPU};
-    views.push_back(t.view);
-    outs.push_back(std::move(t));
-  }
-  auto finish = [&](KernelContext& ctx) {
-    op->cpu_kernel(ctx);
-    ctx.check_outputs_allocated();
-    for (size_t i = 0; i < outs.size(); ++i) {
-      if (!op->outputs[i].data_dependent()) continue;
-      // Copy out of the context's own memory before it goes.
-      const TensorView& v = ctx.output(i);
-      size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
-      outs[i].bytes = std::make_shared<std::vector<std::byte>>(bytes);
-      if (bytes) std::memcpy(outs[i].bytes->data(), v.data, bytes);
-      outs[i].view = TensorView{outs[i].bytes->data(), v.dtype, v.shape, v.strides, Device::CPU};
-    }
-  };
-  if (threaded) {
-    ThreadedKernelContext ctx(*op, inputs, views, attrs);
-    finish(ctx);
-  } else {
-    SerialKernelContext ctx(*op, inputs, views, attrs);
-    finish(ctx);
-  }
-  return outs;
+  TestHost host(op->outputs.size(), threaded);
+  std::vector<TensorView> views = run_kernel(*op, inputs, attrs, host);
+  for (size_t i = 0; i < views.size(); ++i) host.outputs[i].view = views[i];
+  return std::move(host.outputs);
 }
 
 // Row-major index -> offset into a tensor of `in_shape` broadcast to `out_shape`.

@@ -1,0 +1,22 @@
+// One call of an op's kernel, the same in every host runtime: check the inputs and attributes
+// against the spec and derive the output dtypes and shapes (prepare_call), allocate every output
+// whose shape the spec decides, run the kernel, and check that it allocated the outputs only it
+// could size. A host supplies the input views, output memory and its thread pool (KernelHost).
+#pragma once
+
+#include <vector>
+
+#include "opbridge/kernel_context.h"
+
+namespace opbridge {
+
+// inputs[i] is nullptr for an absent optional input; attrs are resolved (resolve_attrs).
+// Returns the outputs' views, into memory the host gave. Throws Error (without the op's name).
+std::vector<TensorView> run_kernel(const OpSpec& op, const std::vector<const TensorView*>& inputs,
+                                   const std::vector<AttrValue>& attrs, KernelHost& host);
+
+// The bytes of output `name`, contiguous, of `dtype` and `shape`; throws Error naming it when the
+// size does not fit in int64.
+int64_t checked_nbytes(DType dtype, const Shape& shape, const std::string& name);
+
+}  // namespace opbridge
