@@ -1,5 +1,5 @@
 // selu: an op PyTorch already has (aten::selu), exported as an ONNX function in opbridge's
-// domain rather than a custom kernel: the seed's onnxscript Selu. The body composes standard
+// domain rather than a custom kernel, as an onnxscript function in a custom domain would be. The body composes standard
 // ONNX ops, so any ONNX Runtime runs it (it inlines model-local functions) with no library.
 #include <opbridge/op.h>
 

@@ -1,6 +1,6 @@
 // torchvision::deform_conv2d: torchvision's own op (what torchvision.ops.deform_conv2d and
-// DeformConv2d call), given opbridge's export rules — the seed's register_custom_op_symbolic
-// for "torchvision::deform_conv2d", as data. From opset 19 it becomes ai.onnx DeformConv;
+// DeformConv2d call), given opbridge's export rules — what a hand-written
+// register_custom_op_symbolic("torchvision::deform_conv2d", ...) does, as data. From opset 19 it becomes ai.onnx DeformConv;
 // below (or with custom_nodes=True) opbridge's deform_conv2d node, which libopbridge_ort.so runs.
 // torchvision passes scalars per axis and a `use_mask` flag (an unused mask is a dummy tensor),
 // so inputs and attributes are mapped by name.

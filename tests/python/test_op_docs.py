@@ -1,0 +1,21 @@
+"""Each op's doc states its PyTorch signature exactly as PyTorch prints it: the doc is checked
+against the schema the torch adapter generated, so it cannot drift from the definition."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import opbridge
+
+ROOT = Path(__file__).resolve().parents[2]
+OPS = [op for op in opbridge.builtin.ops if op.defines_torch_op]
+
+
+@pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
+def test_doc_signature_is_pytorchs(op):
+    text = (ROOT / "docs" / "ops" / f"{op.name}.md").read_text()
+    schema = str(op.overload._schema)
+    # Signatures sit in backticks and may wrap over lines.
+    quoted = [" ".join(q.split()) for q in re.findall(r"`([^`]+)`", text)]
+    assert schema in quoted, f"docs/ops/{op.name}.md does not state PyTorch's signature `{schema}`"
