@@ -1,7 +1,7 @@
 // resize_bicubic(x, scales): PyTorch's bicubic interpolation (align_corners=False, a = -0.75)
-// with the scale factors as a *tensor*, known only at run time — the classic
-// torch.autograd.Function whose symbolic writes ONNX Resize with a scales input, so one exported model serves every scale. The
-// output's spatial size depends on the values of `scales`: a data-dependent shape.
+// with the scale factors as a *tensor*, known only at run time — what a torch.autograd.Function
+// whose symbolic writes ONNX Resize with a scales input does, so one exported model serves every
+// scale. The output's spatial size depends on the values of `scales`: a data-dependent shape.
 #include <cmath>
 #include <vector>
 
