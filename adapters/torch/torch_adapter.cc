@@ -162,15 +162,24 @@ AttrValue to_attr(const AttrSpec& a, const c10::IValue& v) {
 // PyTorch as a kernel's host: outputs are fresh tensors, parallel work runs on at::parallel_for.
 class TorchHost final : public KernelHost {
  public:
-  explicit TorchHost(size_t n_outputs) : tensors(n_outputs) {}
+  explicit TorchHost(const OpSpec& op) : tensors(op.outputs.size()), op_(op) {}
   void* output_memory(size_t i, DType dtype, const Shape& shape) override {
-    tensors.at(i) = at::empty(shape, at::TensorOptions().dtype(to_scalar_type(dtype)));
+    try {
+      tensors.at(i) = at::empty(shape, at::TensorOptions().dtype(to_scalar_type(dtype)));
+    } catch (const c10::Error& e) {  // the allocator's message, in the op's words
+      std::string why = e.what_without_backtrace();
+      throw Error(detail::concat("cannot allocate output '", op_.outputs.at(i).name, "' of shape ", shape_str(shape),
+                                 ": ", why.substr(0, why.find('\n'))));
+    }
     return tensors[i].data_ptr();
   }
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) override {
     at::parallel_for(0, n, grain, fn);
   }
   std::vector<at::Tensor> tensors;
+
+ private:
+  const OpSpec& op_;
 };
 
 // One boxed functor per op and dispatch key; it holds the spec, so no lookup per call.
@@ -216,7 +225,7 @@ class BoxedOp final : public c10::OperatorKernel {
                             t.strides().vec(), Device::CPU};
       inputs.push_back(&views[i]);
     }
-    TorchHost host(op_.outputs.size());
+    TorchHost host(op_);
     run_kernel(op_, inputs, attrs, host);
     return std::move(host.tensors);
   }

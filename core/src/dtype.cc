@@ -38,8 +38,11 @@ size_t dtype_size(DType t) {
 }
 
 int64_t TensorView::numel() const {
+  for (int64_t d : shape)
+    if (d == 0) return 0;  // empty, whatever the other sizes
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    OB_CHECK(!__builtin_mul_overflow(n, d, &n), "a tensor of shape ", shape_str(shape), " has more elements than int64 holds");
   return n;
 }
 

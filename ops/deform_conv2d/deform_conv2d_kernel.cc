@@ -248,6 +248,18 @@ void deform_conv2d_typed(KernelContext& ctx, const Geometry& g, const TensorView
   }
 }
 
+// No input channels: every output pixel is its channel's bias (or 0), with no sampling, however
+// large the (empty) input image is.
+template <typename T>
+void fill_bias(KernelContext& ctx, const Geometry& g, const TensorView* bias_v, TensorView& out_v) {
+  const T* bias = bias_v ? bias_v->data_as<T>() : nullptr;
+  T* out = out_v.data_as<T>();
+  ctx.parallel_for(g.n * g.c_out, std::max<int64_t>(1, (64 << 10) / g.pixels), [&](int64_t b, int64_t e) {
+    for (int64_t plane = b; plane < e; ++plane)
+      std::fill(out + plane * g.pixels, out + (plane + 1) * g.pixels, bias ? bias[plane % g.c_out] : T(0));
+  });
+}
+
 }  // namespace
 
 void deform_conv2d_kernel(KernelContext& ctx) {
@@ -260,7 +272,9 @@ void deform_conv2d_kernel(KernelContext& ctx) {
   const Geometry g = geometry(ctx, input, weight, mask, out);
   if (out.numel() == 0) return;
   visit_dtype<float, double>(out.dtype, [&](auto zero) {
-    deform_conv2d_typed<decltype(zero)>(ctx, g, input, weight, offset, bias, mask, out);
+    using T = decltype(zero);
+    if (g.c_in == 0) return fill_bias<T>(ctx, g, bias, out);
+    deform_conv2d_typed<T>(ctx, g, input, weight, offset, bias, mask, out);
   });
 }
 

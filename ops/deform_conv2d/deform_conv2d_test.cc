@@ -233,6 +233,18 @@ TEST(DeformConv2dKernel, EmptyBatchAndNoChannels) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], b[(i / 20) % 6]);
 }
 
+TEST(DeformConv2dKernel, NoInputChannelsReturnAtOnceWhateverTheImageSize) {
+  // An empty input image of 2^40 rows (strided to one output row): no work grows with its size.
+  Tensor input = Tensor::of<float>({1, 0, int64_t{1} << 40, 1}, {});
+  Tensor weight = Tensor::of<float>({2, 0, 1, 1}, {});
+  Tensor offset = Tensor::of<float>({1, 2, 1, 1}, {0.5f, 0.5f});
+  Tensor bias = Tensor::of<float>({2}, {1.5f, -2.0f});
+  std::map<std::string, AttrValue> attrs{{"stride", std::vector<int64_t>{int64_t{1} << 40, 1}}};
+  Tensor y = run("deform_conv2d", {input, weight, offset, bias}, attrs)[0];
+  EXPECT_EQ(y.view.shape, (Shape{1, 2, 1, 1}));
+  EXPECT_EQ(y.values<float>(), (std::vector<float>{1.5f, -2.0f}));
+}
+
 void expect_error(const Config& cf, const std::string& what, const std::function<void(Inputs&)>& edit = {}) {
   Inputs in = make_inputs<float>(cf, 3);
   if (edit) edit(in);

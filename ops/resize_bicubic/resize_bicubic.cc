@@ -50,8 +50,14 @@ Taps<T> taps(int64_t in_size, int64_t out_size, double scale) {
 // Runtime's Resize multiplies in float32. Where the two differ (e.g. 10 * 0.7: 6 rows in
 // PyTorch, 7 in the exported model) no answer is right for both, so the op refuses the scale.
 int64_t output_size(int64_t size, float scale, const char* axis, const char* name) {
-  const auto in_double = static_cast<int64_t>(std::floor(static_cast<double>(size) * static_cast<double>(scale)));
-  const auto in_float = static_cast<int64_t>(std::floor(static_cast<float>(size) * scale));
+  const double product = std::floor(static_cast<double>(size) * static_cast<double>(scale));
+  const float product_f = std::floor(static_cast<float>(size) * scale);
+  // Checked before converting: a size beyond int64 has no integer value to convert to.
+  constexpr double kLimit = 9223372036854775808.0;  // 2^63
+  OB_CHECK(product < kLimit && product_f < static_cast<float>(kLimit), name, " = ", scale, " on ", axis, " = ", size,
+           " gives an output size of ", product, ", which does not fit in int64");
+  const auto in_double = static_cast<int64_t>(product);
+  const auto in_float = static_cast<int64_t>(product_f);
   OB_CHECK(in_double == in_float, name, " = ", scale, " on ", axis, " = ", size, " is ambiguous: PyTorch's interpolate "
            "gives ", in_double, ", ONNX Resize (float32) gives ", in_float,
            "; choose a scale whose product with the size is not within float32 rounding of an integer");
@@ -69,7 +75,11 @@ void resize_bicubic_kernel(KernelContext& ctx) {
   OB_CHECK(h > 0 && w > 0, "x must have a non-empty image, got shape ", shape_str(x.shape));
   const int64_t oh = output_size(h, s[2], "H", "scale_h"), ow = output_size(w, s[3], "W", "scale_w");
   OB_CHECK(oh > 0 && ow > 0, "scales ", s[2], " x ", s[3], " give an empty image from ", h, " x ", w);
+  int64_t elements = 0;
+  OB_CHECK(!__builtin_mul_overflow(n * c, oh, &elements) && !__builtin_mul_overflow(elements, ow, &elements),
+           "scales ", s[2], " x ", s[3], " give an output of shape ", shape_str({n, c, oh, ow}), ", which is too large");
   TensorView& y = ctx.allocate_output(0, {n, c, oh, ow});
+  if (elements == 0) return;  // an empty batch: no tables, whatever the scale
   visit_dtype<float, double>(x.dtype, [&](auto zero) {
     using T = decltype(zero);
     const Taps<T> ty = taps<T>(h, oh, s[2]), tx = taps<T>(w, ow, s[3]);

@@ -1,6 +1,8 @@
 // resize_bicubic's kernel against a naive loop written from the definition: Keys' kernel as a
 // function of distance, half-pixel source coordinates, edge pixels repeated.
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include <gtest/gtest.h>
 #include <opbridge/testing/kernel_harness.h>
@@ -50,6 +52,32 @@ TEST(ResizeBicubicKernel, RejectsBadScales) {
   Tensor x = Tensor::random<float>({1, 1, 4, 4}, 1);
   EXPECT_THROW(run("resize_bicubic", {x, Tensor::of<float>({4}, {1, 1, 0.1f, 2})}), Error);  // empty output
   EXPECT_THROW(run("resize_bicubic", {x, Tensor::of<float>({4}, {2, 1, 2, 2})}), Error);      // batch scale
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ResizeBicubicKernel, EmptyBatchBuildsNothingForAHugeScale) {
+  // No image to resize: the output is empty at once, without tables sized by the scale.
+  Tensor x = Tensor::random<float>({0, 3, 4, 4}, 1);
+  Tensor y = run("resize_bicubic", {x, Tensor::of<float>({4}, {1, 1, 2.5e7f, 2.5e7f})})[0];
+  EXPECT_EQ(y.view.shape, (Shape{0, 3, 100000000, 100000000}));
+}
+
+TEST(ResizeBicubicKernel, SizesBeyondInt64AreRefusedNamingAxisAndScale) {
+  Tensor empty = Tensor::random<float>({0, 3, 4, 4}, 1), one = Tensor::random<float>({1, 1, 4, 4}, 1);
+  std::string e = error_of([&] { run("resize_bicubic", {empty, Tensor::of<float>({4}, {1, 1, 1e18f * 4, 2})}); });
+  EXPECT_NE(e.find("scale_h = 4e+18 on H = 4 gives an output size of 1.6e+19, which does not fit in int64"),
+            std::string::npos) << e;
+  e = error_of([&] { run("resize_bicubic", {one, Tensor::of<float>({4}, {1, 1, 1e9f, 1e9f})}); });
+  EXPECT_NE(e.find("scales 1e+09 x 1e+09 give an output of shape [1, 1, 4000000000, 4000000000], which is too large"),
+            std::string::npos) << e;
 }
 
 }  // namespace
