@@ -283,6 +283,9 @@ void fill_table(CustomOp& c) {
   c.CreateKernelV2 = create_kernel;
   c.KernelComputeV2 = compute_kernel;
   c.KernelDestroy = [](void* kernel) { delete static_cast<Kernel*>(kernel); };
+  // ONNX Runtime keeps one schema per custom op name, from version 1, and serves any version of
+  // the domain a model imports with it: the range cannot refuse a newer domain version (the
+  // Python session and inspect check a model's imports against the library instead).
   c.GetStartVersion = [](const OrtCustomOp*) { return 1; };
   c.GetEndVersion = [](const OrtCustomOp*) { return INT_MAX; };
 }
@@ -314,25 +317,32 @@ void expand(const OpSpec& op, size_t t, std::vector<DType>& chosen, std::vector<
   }
 }
 
-// The custom ops and the domain live for the whole process: ONNX Runtime keeps pointers to them
-// in every session created with these options.
+// The custom ops and the domain live as long as this library is loaded: ONNX Runtime keeps
+// pointers to them in every session created with options it was registered with, and unloads the
+// library only after those. The domain is released with the library, so loading and unloading it
+// many times leaks nothing.
 struct Domain {
+  Domain() {
+    for (const OpSpec& op : registry().ops()) {
+      if (!op.cpu_kernel) continue;  // ops without a kernel export to standard ops or functions
+      std::vector<DType> chosen;
+      expand(op, 0, chosen, ops);
+    }
+    check(g_api->CreateCustomOpDomain(this_library().onnx_domain, &domain));
+    for (const auto& op : ops) check(g_api->CustomOpDomain_Add(domain, op.get()));
+  }
+  ~Domain() {
+    if (domain) g_api->ReleaseCustomOpDomain(domain);
+  }
+  Domain(const Domain&) = delete;
+  Domain& operator=(const Domain&) = delete;
+
   std::vector<std::unique_ptr<CustomOp>> ops;
   OrtCustomOpDomain* domain = nullptr;
 };
 
 Domain& domain() {
-  static Domain d = [] {
-    Domain d;
-    for (const OpSpec& op : registry().ops()) {
-      if (!op.cpu_kernel) continue;  // ops without a kernel export to standard ops or functions
-      std::vector<DType> chosen;
-      expand(op, 0, chosen, d.ops);
-    }
-    check(g_api->CreateCustomOpDomain(this_library().onnx_domain, &d.domain));
-    for (const auto& op : d.ops) check(g_api->CustomOpDomain_Add(d.domain, op.get()));
-    return d;
-  }();
+  static Domain d;
   return d;
 }
 
