@@ -61,6 +61,7 @@ DType from_onnx(ONNXTensorElementDataType t, const std::string& input) {
 struct CustomOp : OrtCustomOp {
   const OpSpec* spec = nullptr;
   std::vector<ONNXTensorElementDataType> input_types, output_types;
+  bool any_dtypes = false;  // the last registration of an op: dtypes no other one takes, refused
 };
 
 struct Kernel {
@@ -76,10 +77,22 @@ OrtStatus* fail(OrtErrorCode code, const std::string& msg) { return g_api->Creat
 // scalar getters check the attribute's type; the list getters do not (they "succeed" with zero
 // elements on any attribute), so lists are probed last and an empty result stays ambiguous.
 struct Found {
-  enum class What { Absent, Value, EmptyList } what = What::Absent;
+  enum class What { Absent, Value, EmptyList, Other } what = What::Absent;  // Other: a kind opbridge never takes
   AttrValue value;
   std::string_view kind;  // for messages: "int", "float", "str", "int[]", "float[]", "an empty list"
 };
+
+// The length of a list-of-strings attribute (0 when it is none).
+size_t string_list_size(const OrtKernelInfo* info, const char* name) {
+  OrtAllocator* alloc = nullptr;
+  check(g_api->GetAllocatorWithDefaultOptions(&alloc));
+  size_t n = 0;
+  if (OrtStatus* s = g_api->KernelInfoGetAttributeArray_string(info, name, alloc, nullptr, &n)) {
+    g_api->ReleaseStatus(s);
+    return 0;
+  }
+  return n;
+}
 
 Found probe(const OrtKernelInfo* info, const char* name) {
   auto ok = [](OrtStatus* s) {
@@ -116,8 +129,11 @@ Found probe(const OrtKernelInfo* info, const char* name) {
       return found(std::vector<double>(v.begin(), v.end()), "float[]");
     }
   }
+  // The numeric list getters read a list of strings as empty: ask for strings explicitly, so a
+  // string list is the wrong kind at session creation rather than an empty list at run time.
+  if (any_list && string_list_size(info, name) > 0) return Found{Found::What::Other, {}, "str[]"};
   // An empty list of any element type, or an attribute kind opbridge does not read (tensor,
-  // graph, strings); indistinguishable through the C API.
+  // graph); indistinguishable through the C API.
   if (any_list) return Found{Found::What::EmptyList, {}, "an empty list or an unsupported kind"};
   return Found{};
 }
@@ -243,12 +259,41 @@ OrtStatus* guarded(const std::string& where, F&& f) {
 // ---- the OrtCustomOp table ------------------------------------------------------------------
 const CustomOp& self(const OrtCustomOp* op) { return *static_cast<const CustomOp*>(op); }
 
+// The node's input dtypes as the adapter sees them (nullopt: absent or not a tensor).
+std::vector<std::optional<DType>> node_input_dtypes(const OpSpec& op, const OrtKernelInfo* info) {
+  size_t n = 0;
+  check(g_api->KernelInfo_GetInputCount(info, &n));
+  std::vector<std::optional<DType>> out(op.inputs.size());
+  for (size_t i = 0; i < n && i < out.size(); ++i) {
+    OrtTypeInfo* type = nullptr;
+    if (OrtStatus* s = g_api->KernelInfo_GetInputTypeInfo(info, i, &type)) {
+      g_api->ReleaseStatus(s);
+      continue;
+    }
+    std::unique_ptr<OrtTypeInfo, void (*)(OrtTypeInfo*)> guard(type, g_api->ReleaseTypeInfo);
+    const OrtTensorTypeAndShapeInfo* tensor = nullptr;
+    check(g_api->CastTypeInfoToTensorInfo(type, &tensor));
+    ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    if (tensor) check(g_api->GetTensorElementType(tensor, &et));
+    if (et != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED) out[i] = from_onnx(et, op.inputs[i].name);
+  }
+  return out;
+}
+
+// A node whose input dtypes no typed registration takes: say which inputs and which dtypes, in the
+// words eager PyTorch uses, when the session is created.
+[[noreturn]] void refuse_dtypes(const OpSpec& op, const OrtKernelInfo* info) {
+  resolve_types(op, node_input_dtypes(op, info));  // throws naming the input and the dtypes expected
+  throw Error("no kernel for this combination of input dtypes");
+}
+
 OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo* info, void** out) {
   const OpSpec& spec = *self(op).spec;
   std::string where = spec.qualified_name();
   return guarded(where, [&] {
     std::string node = node_name(info);
     if (!node.empty()) where += " (node '" + node + "')";
+    if (self(op).any_dtypes) refuse_dtypes(spec, info);
     auto kernel = std::make_unique<Kernel>(Kernel{&spec, {}, where});
     std::vector<std::optional<AttrValue>> given;
     for (const AttrSpec& a : spec.attrs) given.push_back(read_attr(info, a));
@@ -317,6 +362,19 @@ void expand(const OpSpec& op, size_t t, std::vector<DType>& chosen, std::vector<
   }
 }
 
+// Registered after the typed ones, which ONNX Runtime tries first: takes every other combination
+// of input dtypes (a dtype the op does not allow, inputs that must agree but do not) and refuses
+// it naming the inputs and the dtypes expected, instead of ONNX Runtime's "no kernel matches".
+std::unique_ptr<CustomOp> any_dtypes(const OpSpec& op) {
+  auto c = std::make_unique<CustomOp>();
+  fill_table(*c);
+  c->spec = &op;
+  c->any_dtypes = true;
+  c->input_types.assign(op.inputs.size(), ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
+  c->output_types.assign(op.outputs.size(), ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
+  return c;
+}
+
 // The custom ops and the domain live as long as this library is loaded: ONNX Runtime keeps
 // pointers to them in every session created with options it was registered with, and unloads the
 // library only after those. The domain is released with the library, so loading and unloading it
@@ -327,6 +385,7 @@ struct Domain {
       if (!op.cpu_kernel) continue;  // ops without a kernel export to standard ops or functions
       std::vector<DType> chosen;
       expand(op, 0, chosen, ops);
+      ops.push_back(any_dtypes(op));
     }
     check(g_api->CreateCustomOpDomain(this_library().onnx_domain, &domain));
     for (const auto& op : ops) check(g_api->CustomOpDomain_Add(domain, op.get()));

@@ -194,8 +194,12 @@ class BoxedOp final : public c10::OperatorKernel {
     try {
       auto args = torch::jit::last(*stack, n_args);
       std::vector<std::optional<at::Tensor>> tensors;
-      for (size_t i = 0; i < n_in; ++i)
-        tensors.push_back(args[i].isNone() ? std::nullopt : std::optional<at::Tensor>(args[i].toTensor()));
+      for (size_t i = 0; i < n_in; ++i) {
+        // PyTorch hands None for a required Tensor as an undefined tensor.
+        const bool none = args[i].isNone() || !args[i].toTensor().defined();
+        OB_CHECK(!none || op_.inputs[i].optional, "input '", op_.inputs[i].name, "' is None; it is required");
+        tensors.push_back(none ? std::nullopt : std::optional<at::Tensor>(args[i].toTensor()));
+      }
       std::vector<AttrValue> attrs;
       for (size_t i = 0; i < op_.attrs.size(); ++i) attrs.push_back(to_attr(op_.attrs[i], args[n_in + i]));
       outputs = meta_ ? run_meta(tensors, attrs) : run_cpu(tensors, attrs);

@@ -182,7 +182,7 @@ TEST(KnnQueryKernel, RejectsBadInput) {
   expect_error({xyz, off({2, 4}), q, off({2})}, 2, "new_offset must have one entry per segment of offset");
   expect_error({xyz, off({4}), q, std::nullopt}, 2, "new_xyz and new_offset must be given together");
   expect_error({xyz, off({4}), std::nullopt, off({2})}, 2, "new_xyz and new_offset must be given together");
-  expect_error({xyz, off({4})}, 0, "k must be >= 1 (k = 0, 1 = 1)");
+  expect_error({xyz, off({4})}, 0, "k must be >= 1, got 0");
   expect_error({Tensor::random<float>({4, 2}, 1), off({4})}, 2, "xyz must be (n, 3)");
   expect_error({xyz, off({4}), Tensor::random<float>({2, 4}, 1), off({2})}, 2, "new_xyz must be (m, 3)");
   expect_error({Tensor::random<float>({12}, 1), off({4})}, 2, "input 'xyz' must have rank 2");

@@ -173,9 +173,15 @@ TEST(Checks, InequalitiesOnAttributesAndDims) {
     return error_of([&] { ShapeInference<int64_t>(op, {&shape3}, attrs).run(); });
   };
   EXPECT_EQ(run_with(2), "");
-  EXPECT_NE(run_with(0).find("k must be >= 1 (k = 0, 1 = 1)"), std::string::npos);
+  EXPECT_NE(run_with(0).find("k must be >= 1, got 0"), std::string::npos);
   EXPECT_NE(run_with(3).find("a needs more than k rows (a.shape[0] = 3, k = 3)"), std::string::npos);
   EXPECT_EQ(op.checks[0].str(), "k >= 1");
+  // Overflow names the expression, so the input or attribute behind it.
+  OpSpec big = spec_of(OpBuilder("big").doc("d").types("T", {DType::Float32}).input("a", "T", "", 1).int_attr("k", "")
+                           .output("y", "T", shape::dims({dim("a", 0) * attr("k")}), "").cpu(noop_kernel));
+  std::vector<AttrValue> huge{AttrValue{int64_t{1} << 62}};
+  EXPECT_EQ(error_of([&] { ShapeInference<int64_t>(big, {&shape3}, huge).run(); }),
+            "shape rule a.shape[0] * k overflows int64 (3 * 4611686018427387904)");
   EXPECT_EQ(op.checks[1].str(), "a.shape[0] > k");
 }
 }  // namespace

@@ -79,7 +79,7 @@ class ShapeInference {
       bool ok = c.rel == DimCheck::Rel::Eq   ? T::eq(l, r)
                 : c.rel == DimCheck::Rel::Ge ? T::maybe_ge(l, r).value_or(true)   // undecided: the kernel's run decides
                                              : T::maybe_gt(l, r).value_or(true);
-      OB_CHECK(ok, c.what, " (", c.lhs.str(), " = ", l, ", ", c.rhs.str(), " = ", r, ")");
+      if (!ok) throw Error(check_message(c, l, r));
     }
     std::vector<Dims> out;
     for (const OutputSpec& o : op_.outputs) out.push_back(output(o));
@@ -104,9 +104,9 @@ class ShapeInference {
                  n.value + 1, " values, got ", v.size());
         return T::from(v[static_cast<size_t>(n.value)]);
       }
-      case K::Add: return T::add(eval(n.lhs), eval(n.rhs));
-      case K::Sub: return T::sub(eval(n.lhs), eval(n.rhs));
-      case K::Mul: return T::mul(eval(n.lhs), eval(n.rhs));
+      case K::Add: return naming(e, [&] { return T::add(eval(n.lhs), eval(n.rhs)); });
+      case K::Sub: return naming(e, [&] { return T::sub(eval(n.lhs), eval(n.rhs)); });
+      case K::Mul: return naming(e, [&] { return T::mul(eval(n.lhs), eval(n.rhs)); });
       case K::FloorDiv: {
         D divisor = eval(n.rhs);  // name the expression: "divides by zero" alone says too little
         OB_CHECK(!T::eq(divisor, T::from(0)), "shape rule ", e.str(), " divides by zero (", n.rhs.str(), " = 0)");
@@ -118,6 +118,25 @@ class ShapeInference {
   }
 
  private:
+  // "k must be >= 1, got 0" when one side is a constant; both sides named and valued otherwise.
+  static std::string check_message(const DimCheck& c, const D& l, const D& r) {
+    if (c.rhs.node->kind == DimNode::Kind::Const) return detail::concat(c.what, ", got ", l);
+    if (c.lhs.node->kind == DimNode::Kind::Const) return detail::concat(c.what, ", got ", r);
+    return detail::concat(c.what, " (", c.lhs.str(), " = ", l, ", ", c.rhs.str(), " = ", r, ")");
+  }
+
+  // An arithmetic failure (overflow) names the expression, and so the inputs and attributes in it.
+  template <typename F>
+  static D naming(const DimExpr& e, F&& f) {
+    try {
+      return f();
+    } catch (const Error& err) {
+      const std::string what = err.what();
+      if (what.rfind("shape rule overflows", 0) != 0) throw;
+      throw Error("shape rule " + e.str() + what.substr(std::string("shape rule").size()));
+    }
+  }
+
   const Dims* first_present(const std::vector<std::string>& names) const {
     for (const std::string& name : names) {
       const Dims* s = in_.at(static_cast<size_t>(op_.input_index(name)));
