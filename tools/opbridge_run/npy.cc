@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -34,7 +35,23 @@ const TypeRow& row(DType t) {
   throw Error("npy: invalid dtype value");
 }
 
-[[noreturn]] void fail(const std::string& path, const std::string& reason) { throw Error(path + ": " + reason); }
+// Bytes from a malformed file (a key, a dtype) as printable ASCII: others as \xNN, so a message
+// never carries raw bytes a terminal would misread.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+[[noreturn]] void fail(const std::string& path, const std::string& reason) { throw Error(path + ": " + printable(reason)); }
 
 // ---- the header: the repr of a Python dict, {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
 struct Header {

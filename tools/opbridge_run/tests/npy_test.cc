@@ -245,6 +245,9 @@ TEST(NpyLoad, MalformedFilesAreRejectedNamingFileAndReason) {
       {"truncated_data", npy_file(1, dict_with("'<f4'", "False", "(3,)"), f4x2), "truncated data"},
       {"trailing_bytes", npy_file(1, dict_with("'<f4'", "False", "(1,)"), f4x2), "4 unexpected bytes"},
       {"unterminated", npy_file(1, "{'descr: False", f4x2), "unterminated string"},
+      // Bytes that are not printable ASCII are quoted as \xNN, never echoed raw.
+      {"non_utf8_key", npy_file(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), '\xff\xfe\x1b': 1, }", f4x2),
+       "unexpected key '\\xff\\xfe\\x1b'"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
