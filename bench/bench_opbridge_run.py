@@ -16,7 +16,7 @@ import torch
 
 import opbridge
 from common import Row, measure, ort_session, progress
-from opbridge.demo import FEATURES, DemoModel
+from demo import FEATURES, DemoModel  # examples/demo.py (common puts examples/ on sys.path)
 
 RUNNER = Path(opbridge.__file__).parent / "_sdk/bin/opbridge-run"
 

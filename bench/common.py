@@ -15,8 +15,9 @@ import time
 from typing import Callable
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.join(_HERE, "..", "python") not in sys.path:
-    sys.path.insert(0, os.path.join(_HERE, "..", "python"))
+for _dir in ("python", "examples"):  # opbridge, and examples/demo.py's models
+    if os.path.join(_HERE, "..", _dir) not in sys.path:
+        sys.path.insert(0, os.path.join(_HERE, "..", _dir))
 
 
 @dataclasses.dataclass

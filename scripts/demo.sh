@@ -5,4 +5,4 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 scripts/setup.sh
-exec .venv/bin/python -m opbridge.demo "$@"
+exec .venv/bin/python examples/demo.py "$@"

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import opbridge
+from opbridge._torchscript import register_torchscript_symbolics
 from opbridge.testing import OpCase, Sample, op_test_suite, random_tensor as r
 
 
@@ -41,7 +42,7 @@ def test_torchscript_export_needs_the_mapping():
         with pytest.raises((torch.onnx.errors.UnsupportedOperatorError, ValueError)):
             opbridge.export(AsinhModel(), (torch.ones(2),), exporter="torchscript", opset=9)
     finally:
-        opbridge._exporters.register_torchscript_symbolics(opbridge.builtin)
+        register_torchscript_symbolics(opbridge.builtin)
     m = opbridge.export(AsinhModel(), (torch.ones(2),), exporter="torchscript", opset=9)
     assert [(n.domain, n.op_type) for n in m.graph.node] == [("", "Asinh")]
 

@@ -237,7 +237,7 @@ def _custom_node_outputs(tensors, a):
     info = next(op for op in opbridge.all_ops() if op.name == "deform_conv2d")
     arrays = [None if t is None else t.numpy() for t in tensors]
     model = node_model(info, arrays, a)
-    feeds = {i["name"]: x for i, x in zip(info.inputs, arrays) if x is not None}
+    feeds = {i.name: x for i, x in zip(info.inputs, arrays) if x is not None}
     return opbridge.session(model).run(None, feeds)[0]
 
 
@@ -287,7 +287,7 @@ def test_onnxruntime_rejects_bad_shapes(kind):
     case = next(b for b in BAD if b.name == kind)
     arrays = [None if t is None else t.numpy() for t in case.inputs]
     model = node_model(info, arrays, case.attrs)
-    feeds = {i["name"]: x for i, x in zip(info.inputs, arrays) if x is not None}
+    feeds = {i.name: x for i, x in zip(info.inputs, arrays) if x is not None}
     from onnxruntime.capi import onnxruntime_pybind11_state as st
 
     with pytest.raises((st.Fail, st.InvalidArgument, st.RuntimeException),

@@ -178,7 +178,7 @@ def test_onnxruntime_rejects_bad_values(case):
 
     def run(arrays):
         model = node_model(info, arrays, {})
-        feeds = {i["name"]: a for i, a in zip(info.inputs, arrays) if a is not None}
+        feeds = {i.name: a for i, a in zip(info.inputs, arrays) if a is not None}
         return opbridge.session(model).run(None, feeds)[0]
 
     as_array = lambda v: None if v is None else np.array(v, np.float64)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ._library import TORCH_DTYPES, Library, OpInfo
-
+from ._kinds import DTYPES
+from ._manifest import Library, OpInfo
 
 # The torch adapter defines "<ns>::_check_<op>" beside each such op: the C++ validation (dtypes,
 # ranks, spec checks, shape rule) with no outputs.
@@ -16,8 +16,8 @@ CHECK_PREFIX = "_check_"
 
 
 def _fake_kernel(op: OpInfo):
-    names = [i["name"] for i in op.inputs]
-    ns = op.torch_op.split("::")[0]
+    names = [i.name for i in op.inputs]
+    ns = op.qualified_name.split("::")[0]
 
     def fake(*args, **kwargs):
         getattr(getattr(torch.ops, ns), CHECK_PREFIX + op.name)(*args, **kwargs)
@@ -27,18 +27,17 @@ def _fake_kernel(op: OpInfo):
         device = next(iter(present.values())).device
         outs = []
         for o in op.outputs:
-            allowed = op.types[o["type"]]
-            source = next((present[i["name"]] for i in op.inputs if i["type"] == o["type"] and i["name"] in present), None)
-            dtype = source.dtype if source is not None else TORCH_DTYPES[allowed[0]]
+            source = next((present[i.name] for i in op.inputs if i.type == o.type and i.name in present), None)
+            dtype = source.dtype if source is not None else DTYPES[op.type_constraint(o.type).dtypes[0]].torch
             shape = []
-            for d in o["fake_dims"]:
-                if "data_dependent" in d:
+            for d in o.fake_dims:
+                if d.data_dependent:
                     shape.append(torch.library.get_ctx().new_dynamic_size())
-                elif "const" in d:
-                    shape.append(d["const"])
+                elif d.const is not None:
+                    shape.append(d.const)
                 else:
-                    src = next(present[n] for n in d["inputs"] if n in present)
-                    shape.append(src.shape[d["axis"]])
+                    src = next(present[n] for n in d.inputs if n in present)
+                    shape.append(src.shape[d.axis])
             outs.append(torch.empty(shape, dtype=dtype, device=device))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -47,8 +46,8 @@ def _fake_kernel(op: OpInfo):
 
 def register_fakes(lib: Library) -> None:
     for op in lib.ops:
-        if op.defines_torch_op and any("fake_dims" in o for o in op.outputs):
-            torch.library.register_fake(op.torch_op, _fake_kernel(op), lib=_fake_library(lib))
+        if op.defines_torch_op and op.data_dependent:
+            torch.library.register_fake(op.qualified_name, _fake_kernel(op), lib=_fake_library(lib))
 
 
 _libs: dict[str, torch.library.Library] = {}

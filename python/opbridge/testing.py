@@ -24,19 +24,15 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from . import _api
-from ._exporters import ExportOptions, choose_target
-from ._library import TORCH_DTYPES, OpInfo, all_ops
-from ._schemas import onnx_attribute
+from ._export import EXPORTERS, default_opset, export
+from ._kinds import ATTR_KINDS, DTYPES, dtype_of
+from ._manifest import OpInfo
+from ._registry import find_op
+from ._rules import ExportOptions, choose_target
+from ._session import session
+from ._verify import verify
 
-_NP_TO_ONNX = {
-    np.dtype(np.float32): TensorProto.FLOAT,
-    np.dtype(np.float64): TensorProto.DOUBLE,
-    np.dtype(np.int32): TensorProto.INT32,
-    np.dtype(np.int64): TensorProto.INT64,
-    np.dtype(np.bool_): TensorProto.BOOL,
-    np.dtype(np.uint8): TensorProto.UINT8,
-}
+
 def _ort_errors() -> tuple:
     from onnxruntime.capi import onnxruntime_pybind11_state as st
 
@@ -44,17 +40,6 @@ def _ort_errors() -> tuple:
 
 
 _ORT_ERRORS = _ort_errors()
-
-# For each attribute kind, node attribute values of other kinds (as onnx.helper types them).
-_WRONG_VALUES = {
-    "int": ["s", 1.5, [1, 2]],
-    "bool": ["s", 1.5, [1, 2]],
-    "float": ["s", 3, [1.0, 2.0]],
-    "str": [3, 1.5, [1, 2]],
-    "int[]": [3, 1.5, "s", [1.5, 2.5]],
-    "float[]": [3, 1.5, "s", [1, 2]],
-}
-
 
 
 @dataclasses.dataclass
@@ -93,10 +78,7 @@ class OpCase:
 
     @property
     def info(self) -> OpInfo:
-        for op in all_ops():
-            if op.name == self.op:
-                return op
-        raise LookupError(f"no loaded op named '{self.op}'")
+        return find_op(self.op)
 
 
 def _np(x):
@@ -124,19 +106,19 @@ class OpModule(torch.nn.Module):
         return self.overload(*args, **self.attrs)
 
 
-def _export(case: OpCase, sample: Sample, exporter: str, dynamic_axes=None, custom_nodes: bool = False):
+def _export_case(case: OpCase, sample: Sample, exporter: str, dynamic_axes=None, custom_nodes: bool = False):
     info = case.info
     present = [t is not None for t in sample.inputs]
     tensors = tuple(t for t in sample.inputs if t is not None)
-    names = [i["name"] for i, p in zip(info.inputs, present) if p]
+    names = [i.name for i, p in zip(info.inputs, present) if p]
     model = OpModule(info, sample.attrs, present).eval()
-    proto = _api.export(model, tensors, exporter=exporter, input_names=names, dynamic_axes=dynamic_axes,
-                        custom_nodes=custom_nodes)
+    proto = export(model, tensors, exporter=exporter, input_names=names, dynamic_axes=dynamic_axes,
+                   custom_nodes=custom_nodes)
     return model, tensors, proto
 
 
 def _expected_node(info: OpInfo, exporter: str, custom_nodes: bool = False) -> tuple[str, str]:
-    t = choose_target(info, ExportOptions(_api.default_opset(exporter), custom_nodes))
+    t = choose_target(info, ExportOptions(default_opset(exporter), custom_nodes))
     return t.domain, t.op_type
 
 
@@ -163,14 +145,14 @@ def node_model(info: OpInfo, inputs: Sequence[np.ndarray | None], attrs: dict[st
         if x is None:
             names.append("")
             continue
-        names.append(spec["name"])
-        graph_inputs.append(helper.make_tensor_value_info(spec["name"], _NP_TO_ONNX[x.dtype], list(x.shape)))
+        names.append(spec.name)
+        graph_inputs.append(helper.make_tensor_value_info(spec.name, dtype_of(x.dtype).onnx, list(x.shape)))
     while names and names[-1] == "":
         names.pop()
     if n_inputs is not None:
         names = names[:n_inputs]
         graph_inputs = [g for g in graph_inputs if g.name in names]
-    node = helper.make_node(info.onnx_type, names, [o["name"] for o in info.outputs], domain=info.onnx_domain,
+    node = helper.make_node(info.onnx_type, names, [o.name for o in info.outputs], domain=info.onnx_domain,
                             name=f"{info.name}_node")
     if raw_attrs is not None:
         node.attribute.extend(raw_attrs)
@@ -181,20 +163,20 @@ def node_model(info: OpInfo, inputs: Sequence[np.ndarray | None], attrs: dict[st
     elem = {}
     for spec, x in zip(info.inputs, inputs):
         if x is not None:
-            elem.setdefault(spec["type"], _NP_TO_ONNX[x.dtype])
+            elem.setdefault(spec.type, dtype_of(x.dtype).onnx)
     try:  # output shapes from the op's own Meta kernel, when the inputs are valid
-        metas = [None if x is None else torch.empty(x.shape, dtype=torch.from_numpy(x[:0].reshape(-1)).dtype,
-                                                    device="meta") for x in inputs]
+        metas = [None if x is None else torch.empty(x.shape, dtype=dtype_of(x.dtype).torch, device="meta")
+                 for x in inputs]
         while metas and metas[-1] is None:
             metas.pop()
         shapes = [list(r.shape) for r in _as_list(info.overload(*metas, **attrs))]
     except Exception:  # invalid inputs, or sizes that depend on input values: left unknown
-        shapes = [[None] * len(o["fake_dims"]) if "fake_dims" in o else [] for o in info.outputs]
+        shapes = [[] if o.fake_dims is None else [None] * len(o.fake_dims) for o in info.outputs]
     outputs = []
     for o, shape in zip(info.outputs, shapes):
-        fixed = info.types[o["type"]]
-        t = elem.get(o["type"], _NP_TO_ONNX[np.dtype(fixed[0])] if len(fixed) == 1 else TensorProto.UNDEFINED)
-        outputs.append(helper.make_tensor_value_info(o["name"], t, shape))
+        fixed = info.type_constraint(o.type).dtypes
+        t = elem.get(o.type, DTYPES[fixed[0]].onnx if len(fixed) == 1 else TensorProto.UNDEFINED)
+        outputs.append(helper.make_tensor_value_info(o.name, t, shape))
     graph = helper.make_graph([node], f"{info.name}_graph", graph_inputs, outputs)
     imports = [helper.make_opsetid("", opset)]
     if info.onnx_domain:
@@ -205,8 +187,7 @@ def node_model(info: OpInfo, inputs: Sequence[np.ndarray | None], attrs: dict[st
 
 
 def _node_attributes(info: OpInfo, attrs: dict[str, Any], without: str | None = None) -> list[onnx.AttributeProto]:
-    kinds = info.attr_kinds
-    return [onnx_attribute(k, kinds[k], v) for k, v in attrs.items() if k != without]
+    return [ATTR_KINDS[info.attribute(k).kind].attribute_proto(k, v) for k, v in attrs.items() if k != without]
 
 
 def _feeds(model: onnx.ModelProto, inputs) -> dict[str, np.ndarray]:
@@ -220,7 +201,7 @@ def _reference_op_class(case: OpCase):
     from onnx.reference.op_run import OpRun
 
     info = case.info
-    attr_names = [a["name"] for a in info.attributes]
+    attr_names = [a.name for a in info.attributes]
 
     def _run(self, *inputs, **attrs):
         inputs = list(inputs) + [None] * (len(info.inputs) - len(inputs))
@@ -267,87 +248,87 @@ def op_test_suite(case: OpCase) -> type:
         @pytest.mark.parametrize("sample", samples, ids=ids)
         def test_opcheck(self, sample):
             if not info().defines_torch_op:
-                pytest.skip(f"{info().torch_op} is PyTorch's own op")
+                pytest.skip(f"{info().qualified_name} is PyTorch's own op")
             torch.library.opcheck(info().overload, sample.inputs, sample.attrs)
 
-        @pytest.mark.parametrize("exporter", _api.EXPORTERS)
+        @pytest.mark.parametrize("exporter", EXPORTERS)
         @pytest.mark.parametrize("sample", samples, ids=ids)
         def test_export_runs_in_onnxruntime(self, sample, exporter):
-            model, tensors, proto = _export(case, sample, exporter)
+            model, tensors, proto = _export_case(case, sample, exporter)
             if sample.no_onnxruntime:
                 pytest.skip(sample.no_onnxruntime)  # exported and checked above
             types = {(n.domain, n.op_type) for n in proto.graph.node}
             assert _expected_node(info(), exporter) in types, f"exported graph has {types}"
-            report = _api.verify(model, tensors, proto, rtol=case.rtol, atol=case.atol)
+            report = verify(model, tensors, proto, rtol=case.rtol, atol=case.atol)
             assert report.ok, "\n" + report.table()
 
-        @pytest.mark.parametrize("exporter", _api.EXPORTERS)
+        @pytest.mark.parametrize("exporter", EXPORTERS)
         def test_export_custom_nodes_on_request(self, exporter):
             # An op with its own kernel and a rule to a standard op: custom_nodes=True keeps the
             # opbridge node (for runtimes without the standard op), at any opset.
-            if info().export_kind != "kernel" or not any(r["domain"] == "" for r in info().export_rules):
+            if info().export_kind != "kernel" or not any(r.standard for r in info().export_rules):
                 pytest.skip("no standard-op rule to pass over")
             sample = next((s for s in samples if not s.no_onnxruntime), samples[0])
-            model, tensors, proto = _export(case, sample, exporter, custom_nodes=True)
+            model, tensors, proto = _export_case(case, sample, exporter, custom_nodes=True)
             types = {(n.domain, n.op_type) for n in proto.graph.node}
             assert (info().onnx_domain, info().onnx_type) in types, f"exported graph has {types}"
-            assert not any(r["op_type"] == t for r in info().export_rules for _, t in types)
-            report = _api.verify(model, tensors, proto, rtol=case.rtol, atol=case.atol)
+            assert not any(r.op_type == t for r in info().export_rules for _, t in types)
+            report = verify(model, tensors, proto, rtol=case.rtol, atol=case.atol)
             assert report.ok, "\n" + report.table()
 
-        @pytest.mark.parametrize("exporter", _api.EXPORTERS)
+        @pytest.mark.parametrize("exporter", EXPORTERS)
         def test_reference_evaluator_agrees(self, exporter):
             from onnx.reference import ReferenceEvaluator
 
             sample = samples[0]
-            _, tensors, proto = _export(case, sample, exporter)
+            _, tensors, proto = _export_case(case, sample, exporter)
             own = (info().onnx_domain, info().onnx_type) == _expected_node(info(), exporter)
             new_ops = [_reference_op_class(case)] if own and info().export_kind == "kernel" else []
             ref = ReferenceEvaluator(proto, new_ops=new_ops)
             feeds = {i.name: _np(t) for i, t in zip(proto.graph.input, tensors)}
             got = ref.run(None, feeds)
-            ort_out = _api.session(proto).run(None, feeds)
+            ort_out = session(proto).run(None, feeds)
             for k, (g, o) in enumerate(zip(got, ort_out)):
                 _assert_close(o, g, case.rtol, case.atol, f"ORT vs reference evaluator, output {k}")
 
-        @pytest.mark.parametrize("exporter", _api.EXPORTERS)
+        @pytest.mark.parametrize("exporter", EXPORTERS)
         def test_dynamic_axis(self, exporter):
             sample = next((s for s in samples if s.dynamic), None)
             if sample is None or case.resize is None:
                 pytest.skip("no dynamic sample")
             present = [t is not None for t in sample.inputs]
-            names = [i["name"] for i, p in zip(info().inputs, present) if p]
-            dyn = {info().inputs[i]["name"]: {ax: f"d{ax}" for ax in axes} for i, axes in sample.dynamic.items()}
-            model, _, proto = _export(case, sample, exporter, dynamic_axes=dyn)
+            names = [i.name for i, p in zip(info().inputs, present) if p]
+            dyn = {info().inputs[i].name: {ax: f"d{ax}" for ax in axes} for i, axes in sample.dynamic.items()}
+            model, _, proto = _export_case(case, sample, exporter, dynamic_axes=dyn)
             for g in proto.graph.input:
                 if g.name in dyn:
                     for ax in dyn[g.name]:
                         d = g.type.tensor_type.shape.dim[ax]
                         assert d.dim_param and not d.HasField("dim_value"), f"{g.name} axis {ax} is static: {d}"
-            sess = _api.session(proto)
+            sess = session(proto)
             for n in (1, 5, 9):
                 s = case.resize(sample, n)
                 tensors = tuple(t for t in s.inputs if t is not None)
-                report = _api.verify(model, tensors, proto, rtol=case.rtol, atol=case.atol, sess=sess)
+                report = verify(model, tensors, proto, rtol=case.rtol, atol=case.atol, sess=sess)
                 assert report.ok, f"size {n}\n" + report.table()
             assert names
 
         @pytest.mark.parametrize("bad", list(case.bad_inputs), ids=bad_ids)
         def test_torch_rejects_bad_input(self, bad):
-            with pytest.raises(RuntimeError, match=re.escape(info().torch_op) + r": .*" + bad.match):
+            with pytest.raises(RuntimeError, match=re.escape(info().qualified_name) + r": .*" + bad.match):
                 info().overload(*bad.inputs, **bad.attrs)
             self.test_eager_matches_reference(samples[0])  # still alive and computing
 
         def _every_attribute_rejects_other_kinds(self, op, sample, arrays, attrs):
-            feeds_of = lambda m: _feeds(m, [(i["name"], x) for i, x in zip(op.inputs, arrays) if x is not None])
+            feeds_of = lambda m: _feeds(m, [(i.name, x) for i, x in zip(op.inputs, arrays) if x is not None])
             for a in op.attributes:
-                for wrong in _WRONG_VALUES[a["kind"]]:
-                    raw = _node_attributes(op, attrs, without=a["name"])
-                    raw.append(helper.make_attribute(a["name"], wrong))
+                for wrong in ATTR_KINDS[a.kind].other_kind_values:
+                    raw = _node_attributes(op, attrs, without=a.name)
+                    raw.append(helper.make_attribute(a.name, wrong))
                     model = node_model(op, arrays, attrs, raw_attrs=raw)
-                    match = re.escape(op.torch_op) + rf".*attribute '{a['name']}' must be {re.escape(a['kind'])}, got"
+                    match = re.escape(op.qualified_name) + rf".*attribute '{a.name}' must be {re.escape(a.kind)}, got"
                     with pytest.raises(_ORT_ERRORS, match=match):
-                        _api.session(model).run(None, feeds_of(model))
+                        session(model).run(None, feeds_of(model))
             self._still_runs(op, sample, attrs)
 
         def _still_runs(self, op, sample, attrs):
@@ -355,8 +336,8 @@ def op_test_suite(case: OpCase) -> type:
             good_arrays = [_np(t) for t in sample.inputs]
             good = node_model(op, good_arrays, attrs)
             onnx.checker.check_model(good, full_check=True)  # the generated ONNX schema accepts it
-            out = _api.session(good).run(None, _feeds(good, [(i["name"], x) for i, x in zip(op.inputs, good_arrays)
-                                                              if x is not None]))
+            out = session(good).run(None, _feeds(good, [(i.name, x) for i, x in zip(op.inputs, good_arrays)
+                                                         if x is not None]))
             for k, (g, w) in enumerate(zip(out, _reference_outputs(case, sample))):
                 _assert_close(g, w, case.rtol, case.atol, f"output {k}")
 
@@ -371,31 +352,30 @@ def op_test_suite(case: OpCase) -> type:
             attrs = dict(sample.attrs)
             n_inputs, raw, match = None, None, None
             if kind == "wrong_dtype":
-                allowed = set(op.types[op.inputs[0]["type"]])
+                allowed = set(op.type_constraint(op.inputs[0].type).dtypes)
                 bad = next((d for d in ("int64", "int32", "uint8", "float64") if d not in allowed), None)
                 if bad is None:
                     pytest.skip("the first input takes every dtype tried")
                 arrays[0] = arrays[0].astype(bad)
-                onnx_name = {"int64": "int64", "int32": "int32", "uint8": "uint8", "float64": "double"}[bad]
-                match = rf"Type Error: Type 'tensor\({onnx_name}\)' of input parameter \({op.inputs[0]['name']}\)"
+                match = rf"Type Error: Type '{re.escape(DTYPES[bad].onnx_type)}' of input parameter \({op.inputs[0].name}\)"
             elif kind == "missing_input":
-                n_required = sum(not i["optional"] for i in op.inputs)
+                n_required = sum(not i.optional for i in op.inputs)
                 n_inputs = n_required - 1
                 match = rf"has input size {n_inputs} not in range"
             elif kind == "missing_attribute":
-                required = [a for a in op.attributes if "default" not in a]
+                required = [a for a in op.attributes if a.required]
                 if not required:
                     pytest.skip("every attribute has a default")
-                raw = _node_attributes(op, attrs, without=required[0]["name"])
-                match = re.escape(op.torch_op) + r".*required attribute '" + required[0]["name"] + "'"
+                raw = _node_attributes(op, attrs, without=required[0].name)
+                match = re.escape(op.qualified_name) + r".*required attribute '" + required[0].name + "'"
             else:
                 if not op.attributes:
                     pytest.skip("no attributes")
                 return self._every_attribute_rejects_other_kinds(op, sample, arrays, attrs)
             model = node_model(op, arrays, attrs, n_inputs=n_inputs, raw_attrs=raw)
-            feeds = _feeds(model, [(i["name"], x) for i, x in zip(op.inputs, arrays) if x is not None])
+            feeds = _feeds(model, [(i.name, x) for i, x in zip(op.inputs, arrays) if x is not None])
             with pytest.raises(_ORT_ERRORS, match=match):
-                _api.session(model).run(None, feeds)
+                session(model).run(None, feeds)
             self._still_runs(op, sample, attrs)
 
     Suite.__name__ = Suite.__qualname__ = f"Test_{case.op}"
@@ -407,4 +387,4 @@ def random_tensor(shape: Sequence[int], dtype: str = "float32", seed: int = 0, l
     """Deterministic random test data."""
     g = torch.Generator().manual_seed(seed)
     t = torch.rand(*shape, generator=g, dtype=torch.float64) * (high - low) + low
-    return t.to(TORCH_DTYPES[dtype])
+    return t.to(DTYPES[dtype].torch)

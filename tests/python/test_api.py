@@ -95,9 +95,9 @@ def test_large_input_parallel_path_matches_numpy():
 
 
 def test_missing_torchscript_exporter_is_one_line(monkeypatch):
-    import opbridge._api as api
+    import opbridge._export as export_module
 
-    monkeypatch.setattr(api, "torchscript_exporter_available", lambda: False)
+    monkeypatch.setattr(export_module, "torchscript_exporter_available", lambda: False)
     with pytest.raises(opbridge.OpbridgeError, match=r"has no TorchScript-based ONNX exporter \(dynamo=False\); use exporter='dynamo'"):
         opbridge.export(MyAdd(), (torch.ones(2), torch.ones(2)), exporter="torchscript")
 

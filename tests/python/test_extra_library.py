@@ -29,6 +29,15 @@ def extra(tmp_path_factory):
     return opbridge.load_library(build / "libextra_ops_torch.so")
 
 
+def test_kernel_tests_build_and_pass_out_of_tree(extra):
+    # The kernel harness is installed with the SDK headers: an out-of-tree library's C++ kernel
+    # tests build against it and run under CTest like the built-in ones.
+    build = extra.torch_path.parent
+    r = subprocess.run(["ctest", "--test-dir", str(build), "--output-on-failure"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "100% tests passed, 0 tests failed out of 2" in r.stdout, r.stdout
+
+
 class Axpy(torch.nn.Module):
     def forward(self, x, bias=None):
         return torch.ops.extra.axpy(x, bias, alpha=1.5) if bias is not None else torch.ops.extra.axpy(x, alpha=1.5)

@@ -3,6 +3,7 @@ writes the same outputs as Python's ONNX Runtime bit for bit, runs random inputs
 dynamic size, and answers bad input with one error line and a non-zero exit."""
 
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,9 @@ import torch
 from onnx import TensorProto, helper
 
 import opbridge
-from opbridge.demo import FEATURES, DemoModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from demo import FEATURES, DemoModel  # noqa: E402  (examples/demo.py)
 
 RUNNER = Path(opbridge.__file__).parent / "_sdk/bin/opbridge-run"
 

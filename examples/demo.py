@@ -5,7 +5,7 @@ opbridge library) and a comparison with PyTorch eager; exits non-zero on any mis
 2. CatalogueModel: a point cloud (knn_query, grid_cluster) and an image (deform_conv2d, selu as an
    ONNX function, resize_bicubic by scales fed at run time) at two point counts and two scales.
 
-    python -m opbridge.demo [--out DIR] [--export-only DIR]
+    python examples/demo.py [--out DIR] [--export-only DIR]
 """
 
 from __future__ import annotations

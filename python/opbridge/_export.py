@@ -1,32 +1,25 @@
-"""The three calls a deployment engineer makes: export(), session(), verify()."""
+"""opbridge.export: either PyTorch exporter with opbridge's rules, the ONNX checker, dynamic
+axes by name."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import io
 import logging
 import os
 import re
 import warnings
-import weakref
 from typing import Any, Sequence
 
-import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 
-from ._exporters import (
-    add_functions,
-    custom_nodes_requested,
-    custom_opsets,
-    torchscript_exporter_available,
-    translation_table,
-)
-from ._exporters import _DEFAULT_DYNAMO_OPSET
-from ._library import OpbridgeError, libraries
+from ._dynamo import DEFAULT_DYNAMO_OPSET, translation_table
+from ._errors import OpbridgeError
+from ._functions import add_functions
+from ._registry import libraries
+from ._torchscript import custom_nodes_requested, custom_opsets, torchscript_exporter_available
 
 EXPORTERS = ("dynamo", "torchscript")
 DEFAULT_TORCHSCRIPT_OPSET = 17
@@ -36,7 +29,7 @@ MIN_DYNAMO_OPSET = 18
 
 def default_opset(exporter: str) -> int:
     """The ai.onnx opset `export` writes when none is given."""
-    return _DEFAULT_DYNAMO_OPSET if exporter == "dynamo" else DEFAULT_TORCHSCRIPT_OPSET
+    return DEFAULT_DYNAMO_OPSET if exporter == "dynamo" else DEFAULT_TORCHSCRIPT_OPSET
 
 
 def export(
@@ -83,7 +76,7 @@ def export(
         if dynamic_shapes is None:
             dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_axes)
         with _quiet(verbose), _op_errors():
-            opset = opset or _DEFAULT_DYNAMO_OPSET
+            opset = opset or DEFAULT_DYNAMO_OPSET
             program = torch.onnx.export(model, args, kwargs=kwargs, dynamo=True,
                                         custom_translation_table=translation_table(opset=opset,
                                                                                    custom_nodes=custom_nodes),
@@ -101,7 +94,7 @@ def export(
             raise OpbridgeError("dynamic_shapes is for the dynamo exporter; the TorchScript exporter takes dynamic_axes")
         if kwargs:
             # The TorchScript exporter passes everything positionally: bind keywords here.
-            model, args = _KeywordsBound(model, args, kwargs), tuple(_tensors((args, kwargs)))
+            model, args = _KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
         buf = io.BytesIO()
         with _quiet(verbose), _op_errors(), custom_nodes_requested(custom_nodes):
             torch.onnx.export(model, args, buf, dynamo=False,
@@ -116,6 +109,11 @@ def export(
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
+
+
+def tensor_leaves(tree) -> list[torch.Tensor]:
+    """The tensors in a nest of arguments, in order: the exported graph's inputs (and outputs)."""
+    return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
 class _KeywordsBound(torch.nn.Module):
@@ -240,130 +238,3 @@ def _dynamic_shapes(model, args: tuple, kwargs: dict | None, names: list[str] | 
             shapes[pname] = per_tensor.get(("arg", pos))
             pos += 1
     return shapes
-
-
-# Which op libraries each SessionOptions already has: ONNX Runtime refuses a second
-# registration of the same domain, and options objects get reused.
-_registered: "weakref.WeakKeyDictionary[ort.SessionOptions, set]" = weakref.WeakKeyDictionary()
-
-
-def _register_libraries(so: ort.SessionOptions) -> ort.SessionOptions:
-    done = _registered.setdefault(so, set())
-    for lib in libraries():
-        if lib.ort_path is not None and lib.ort_path not in done:
-            so.register_custom_ops_library(str(lib.ort_path))
-            done.add(lib.ort_path)
-    return so
-
-
-def session_options(threads: int | None = None) -> ort.SessionOptions:
-    """SessionOptions with every loaded op library registered."""
-    so = ort.SessionOptions()
-    if threads:
-        so.intra_op_num_threads = threads
-    return _register_libraries(so)
-
-
-def session(
-    model: str | os.PathLike | bytes | onnx.ModelProto,
-    *,
-    threads: int | None = None,
-    options: ort.SessionOptions | None = None,
-) -> ort.InferenceSession:
-    """An ONNX Runtime CPU session that can run every opbridge op."""
-    if isinstance(model, onnx.ModelProto):
-        model = model.SerializeToString()
-    elif not isinstance(model, bytes):
-        model = os.fspath(model)
-    so = _register_libraries(options) if options is not None else session_options(threads)
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-
-
-@dataclasses.dataclass
-class OutputDiff:
-    name: str
-    shape: tuple
-    dtype: str
-    max_abs: float
-    max_rel: float
-    ok: bool
-    note: str = ""
-
-
-@dataclasses.dataclass
-class VerifyReport:
-    outputs: list[OutputDiff]
-    rtol: float
-    atol: float
-
-    @property
-    def ok(self) -> bool:
-        return all(o.ok for o in self.outputs)
-
-    def table(self) -> str:
-        head = f"{'output':<16} {'shape':<16} {'dtype':<8} {'max abs diff':>13} {'max rel diff':>13}  result"
-        lines = [head, "-" * len(head)]
-        for o in self.outputs:
-            verdict = "ok" if o.ok else f"MISMATCH {o.note}".rstrip()
-            lines.append(
-                f"{o.name:<16} {str(list(o.shape)):<16} {o.dtype:<8} {o.max_abs:>13.3e} {o.max_rel:>13.3e}  {verdict}"
-            )
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.table()
-
-
-def _tensors(tree) -> list[torch.Tensor]:
-    return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
-
-
-def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> OutputDiff:
-    """Compares one ONNX Runtime output with its PyTorch reference."""
-    if got.shape != want.shape:
-        return OutputDiff(name, want.shape, str(want.dtype), np.inf, np.inf, False, f"shape {got.shape} != {want.shape}")
-    if got.dtype != want.dtype:
-        return OutputDiff(name, want.shape, str(want.dtype), np.inf, np.inf, False, f"dtype {got.dtype} != {want.dtype}")
-    if got.size == 0:
-        return OutputDiff(name, want.shape, str(want.dtype), 0.0, 0.0, True)
-    g, w = got.astype(np.float64), want.astype(np.float64)
-    same_nan = np.isnan(g) == np.isnan(w)
-    # Equal values (infinities included) and NaN against NaN differ by nothing.
-    with np.errstate(invalid="ignore"):
-        diff = np.where((g == w) | (np.isnan(g) & np.isnan(w)), 0.0, np.abs(g - w))
-    max_abs = float(np.max(diff))
-    max_rel = float(np.max(diff / np.maximum(np.abs(w), np.finfo(np.float64).tiny)))
-    with np.errstate(invalid="ignore"):  # rtol * inf is NaN for rtol=0: equal values pass anyway
-        ok = bool(same_nan.all() and np.all((diff == 0) | (diff <= atol + rtol * np.abs(w))))
-    return OutputDiff(name, want.shape, str(want.dtype), max_abs, max_rel, ok)
-
-
-def verify(
-    model: torch.nn.Module,
-    args: tuple,
-    onnx_model: str | os.PathLike | bytes | onnx.ModelProto,
-    *,
-    kwargs: dict[str, Any] | None = None,
-    rtol: float = 1e-5,
-    atol: float = 1e-6,
-    sess: ort.InferenceSession | None = None,
-) -> VerifyReport:
-    """Runs torch eager and ONNX Runtime on the same inputs; reports the largest absolute and
-    relative difference per output. The tensors of args and kwargs (nested ones too, in order)
-    feed the graph inputs in order; outputs are compared in order of their tensors."""
-    if not isinstance(args, tuple):
-        args = (args,)
-    kwargs = kwargs or {}
-    sess = sess or session(onnx_model)
-    tensors = _tensors((args, kwargs))
-    names = [i.name for i in sess.get_inputs()]
-    if len(names) != len(tensors):
-        raise OpbridgeError(f"verify: the ONNX model has {len(names)} inputs, the call passes {len(tensors)} tensors")
-    with torch.no_grad():
-        want = [t.detach().cpu().numpy() for t in _tensors(model(*args, **kwargs))]
-    feeds = {n: t.detach().cpu().contiguous().numpy() for n, t in zip(names, tensors)}
-    got = sess.run(None, feeds)
-    if len(got) != len(want):
-        raise OpbridgeError(f"verify: ONNX Runtime returned {len(got)} outputs, PyTorch {len(want)}")
-    out_names = [o.name for o in sess.get_outputs()]
-    return VerifyReport([compare(n, g, w, rtol, atol) for n, g, w in zip(out_names, got, want)], rtol, atol)

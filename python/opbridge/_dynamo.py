@@ -1,0 +1,59 @@
+"""dynamo=True: a translation function per op for torch.onnx.export's `custom_translation_table`,
+emitting the chosen node through onnxscript (the schema registered by _schemas gives a custom
+node its output count). Built per export call, for its opset; nothing here names an op."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import onnxscript
+import torch
+
+from ._kinds import ATTR_KINDS
+from ._manifest import OpInfo
+from ._registry import all_ops
+from ._rules import ExportOptions, choose_target, map_call, split_args
+
+# The standard ops opbridge exports to are written with this opset's onnxscript bindings; the
+# exporter converts the model to the requested opset afterwards.
+STANDARD_OPSET_VERSION = 20
+# What torch.onnx.export(dynamo=True) writes when no opset is given.
+DEFAULT_DYNAMO_OPSET = 20
+
+
+def _translation(op: OpInfo, options: ExportOptions) -> Callable:
+    def translate(*args, **kwargs):
+        target = choose_target(op, options)
+        inputs, attrs = split_args(op, args, dict(kwargs))
+        inputs, onnx_attrs = map_call(op, target, inputs, attrs, lambda v: v is None)
+        version = max(STANDARD_OPSET_VERSION, options.opset) if target.standard else op.library.onnx_domain_version
+        emit = getattr(onnxscript.values.Opset(target.domain, version), target.op_type)
+        return emit(*inputs, **{k: ATTR_KINDS[kind].onnxscript_value(k, v) for k, (kind, v) in onnx_attrs.items()})
+
+    # The exporter matches the torch op's arguments to this signature.
+    P = inspect.Parameter
+    params = [P(i.name, P.POSITIONAL_OR_KEYWORD, default=None if i.optional else P.empty) for i in op.inputs]
+    params += [P(a.name, P.POSITIONAL_OR_KEYWORD, default=a.default if a.has_default else P.empty)
+               for a in op.attributes]
+    # Python forbids a required parameter after a defaulted one; such attributes get a None
+    # default, and the ONNX checker reports them if really missing.
+    seen_default = False
+    for k, p in enumerate(params):
+        seen_default |= p.default is not P.empty
+        if seen_default and p.default is P.empty:
+            params[k] = p.replace(default=None)
+    translate.__signature__ = inspect.Signature(params)
+    translate.__name__ = f"opbridge_{op.name}"
+    translate.__qualname__ = translate.__name__
+    return translate
+
+
+def translation_table(ops: list[OpInfo] | None = None, *, opset: int = DEFAULT_DYNAMO_OPSET,
+                      custom_nodes: bool = False) -> dict[torch._ops.OpOverload, Callable]:
+    """custom_translation_table entries for every loaded op (or the given ones) whose PyTorch op
+    exists in this process, for a model of ai.onnx `opset` (rules are chosen by it: pass the
+    opset_version given to torch.onnx.export). opbridge.export does all this, and also adds the
+    FunctionProtos of function ops (add_functions) and runs the checker."""
+    options = ExportOptions(opset, custom_nodes)
+    return {op.overload: _translation(op, options) for op in (all_ops() if ops is None else ops) if op.available}

@@ -1,0 +1,68 @@
+"""Loading op libraries: the torch library (its ops and manifest), then everything derived from
+the manifest — ONNX schemas, fake kernels and the TorchScript exporter's symbolics (the dynamo
+exporter's translations are built per export call)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from . import _manifest, _registry
+from ._errors import OpbridgeError
+from ._fake import register_fakes
+from ._manifest import Library
+from ._schemas import register_schemas
+from ._torchscript import register_torchscript_symbolics
+
+_SDK = Path(__file__).resolve().parent / "_sdk"
+
+
+def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | None = None) -> Library:
+    """Loads an op library built with opbridge_add_op_library(): registers its torch ops, its
+    ONNX schemas and its export rules. `ort_path` defaults to the sibling lib<name>_ort.so."""
+    torch_path = Path(torch_path).resolve()
+    lib = _registry.loaded(torch_path)
+    if lib is not None:
+        return lib
+    if not torch_path.exists():
+        raise OpbridgeError(f"op library not found: {torch_path}")
+    torch.ops.load_library(str(torch_path))
+    if ort_path is None:
+        candidate = torch_path.with_name(torch_path.name.replace("_torch.so", "_ort.so"))
+        ort_path = candidate if candidate.exists() else None
+    lib = _manifest.read(torch_path, Path(ort_path).resolve() if ort_path else None)
+    for other in _registry.libraries():
+        # ONNX Runtime takes one custom-op domain once per session: two libraries in one domain
+        # would make every session fail.
+        if other.onnx_domain == lib.onnx_domain:
+            raise OpbridgeError(
+                f"{torch_path.name}: ONNX domain '{lib.onnx_domain}' is already used by op library "
+                f"'{other.name}' ({other.torch_path}); give each op library its own ONNX_DOMAIN"
+            )
+    register_fakes(lib)
+    register_schemas(lib)
+    register_torchscript_symbolics(lib)
+    _registry.add(lib)
+    return lib
+
+
+def builtin_library_dir() -> Path:
+    env = os.environ.get("OPBRIDGE_LIBRARY_DIR")
+    return Path(env) if env else _SDK / "lib"
+
+
+def load_builtin() -> Library:
+    d = builtin_library_dir()
+    torch_path = d / "libopbridge_torch.so"
+    if not torch_path.exists():
+        raise OpbridgeError(
+            f"the opbridge op libraries are not built ({torch_path} is missing); run scripts/setup.sh"
+        )
+    return load_library(torch_path, d / "libopbridge_ort.so")
+
+
+def cmake_prefix_path() -> str:
+    """For find_package(opbridge) in a project that builds its own op library."""
+    return str(_SDK / "lib" / "cmake")
