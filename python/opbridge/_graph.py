@@ -31,6 +31,10 @@ OUTPUT_STYLE = ("#ffe5d0", "#ca6510")
 MAX_INITIALIZER_LINES = 4
 
 
+class GraphvizError(RuntimeError):
+    """Graphviz could not render the drawing; the message is one line."""
+
+
 @dataclasses.dataclass
 class Drawing:
     text: str
@@ -196,13 +200,11 @@ def to_dot(report: I.ModelReport, max_nodes: int = 300) -> Drawing:
 
 
 def render(text: str, out: Path, fmt: str, dot: str) -> None:
-    from .cli import CliError
-
     try:
         r = subprocess.run([dot, f"-T{fmt}", "-o", str(out)], input=text, capture_output=True, text=True,
                            timeout=600)
     except subprocess.TimeoutExpired:
-        raise CliError("Graphviz 'dot' took more than 10 minutes; write a .dot file or lower --max-nodes") from None
+        raise GraphvizError("Graphviz 'dot' took more than 10 minutes; write a .dot file or lower --max-nodes") from None
     if r.returncode != 0:
         first = next((ln for ln in r.stderr.splitlines() if ln.strip()), f"exit status {r.returncode}")
-        raise CliError(f"Graphviz 'dot' failed: {first}")
+        raise GraphvizError(f"Graphviz 'dot' failed: {first}")

@@ -461,7 +461,10 @@ def cmd_graph(args) -> int:
         out.write_text(drawing.text)
     else:
         progress(f"rendering with {dot}")
-        _graph.render(drawing.text, out, fmt, dot)
+        try:
+            _graph.render(drawing.text, out, fmt, dot)
+        except _graph.GraphvizError as e:
+            raise CliError(str(e))  # no cause: the message says it all (no --verbose hint)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(drawing.status_counts.items()))
     print(f"wrote {out} ({drawing.drawn_nodes} boxes for {drawing.op_nodes} nodes: {counts or 'no nodes'})")
     return 0 if report.ok else 1
