@@ -78,7 +78,7 @@ def _value_types(graph: onnx.GraphProto) -> dict[str, str]:
 
 def _standard(node: onnx.NodeProto, verdict: I.Verdict) -> bool:
     return (node.domain in ("", "ai.onnx") and verdict.status in (I.ORT, I.ORT_FUNCTION)
-            and not any(True for _ in I._subgraphs(node)))
+            and not any(True for _ in I.subgraphs(node)))
 
 
 def _chains(graph: onnx.GraphProto, verdicts: dict[int, I.Verdict]) -> list[int]:
@@ -145,7 +145,7 @@ def to_dot(report: I.ModelReport, max_nodes: int = 300) -> Drawing:
             label += weights[:MAX_INITIALIZER_LINES]
             if len(weights) > MAX_INITIALIZER_LINES:
                 label.append(f"+{len(weights) - MAX_INITIALIZER_LINES} more initializers")
-            subgraphs = sum(1 for _ in I._subgraphs(n))
+            subgraphs = sum(1 for _ in I.subgraphs(n))
             if subgraphs:
                 label.append(f"({subgraphs} subgraph{'s' if subgraphs > 1 else ''}, not drawn)")
             if v.status not in (I.ORT,):

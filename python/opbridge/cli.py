@@ -405,7 +405,7 @@ def _session_check(path: str) -> str:
         so.log_severity_level = 3
         ob.session(path, options=so)
     except Exception as e:  # noqa: BLE001 - the refusal is the answer
-        return I._clean_ort_message(str(e))
+        return I.clean_ort_message(str(e))
     return ""
 
 
@@ -614,7 +614,7 @@ def cmd_verify(args) -> int:
     except Exception as e:
         from . import _inspect as I
 
-        raise CliError(f"ONNX Runtime cannot load {args.model}: {I._clean_ort_message(str(e))} "
+        raise CliError(f"ONNX Runtime cannot load {args.model}: {I.clean_ort_message(str(e))} "
                        f"(run 'opbridge inspect {args.model}')") from e
     tensors = _verify_inputs(args, sess)
     for i, t in zip(sess.get_inputs(), tensors):
@@ -630,7 +630,7 @@ def cmd_verify(args) -> int:
     except Exception as e:
         from . import _inspect as I
 
-        raise CliError(f"running the model failed: {I._clean_ort_message(_one_line(e))}") from e
+        raise CliError(f"running the model failed: {I.clean_ort_message(_one_line(e))}") from e
     print(f"ONNX Runtime vs PyTorch eager (rtol {args.rtol:g}, atol {args.atol:g}), inputs: "
           + ", ".join(f"{i.name} {list(t.shape)} {str(t.dtype).replace('torch.', '')}"
                       for i, t in zip(sess.get_inputs(), tensors)))
