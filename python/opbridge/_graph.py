@@ -106,6 +106,34 @@ def _chains(graph: onnx.GraphProto, verdicts: dict[int, I.Verdict]) -> list[int]
     return group
 
 
+def _box(gid: str, nodes: list[onnx.NodeProto], verdict: I.Verdict, types: dict[str, str], inits: set[str]) -> str:
+    """The dot line of one op box: a single node (verdict is its own) or a collapsed run."""
+    if len(nodes) == 1:
+        n, v = nodes[0], verdict
+        label = [n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"]
+        weights = [f"{name}: {types.get(name, '?')}" for name in n.input if name in inits]
+        label += weights[:MAX_INITIALIZER_LINES]
+        if len(weights) > MAX_INITIALIZER_LINES:
+            label.append(f"+{len(weights) - MAX_INITIALIZER_LINES} more initializers")
+        subgraphs = sum(1 for _ in I.subgraphs(n))
+        if subgraphs:
+            label.append(f"({subgraphs} subgraph{'s' if subgraphs > 1 else ''}, not drawn)")
+        if v.status not in (I.ORT,):
+            label.append(f"[{v.status}]")
+        fill, border, pen, cls = STYLE[v.status]
+        tip = " | ".join(x for x in (n.name, v.status, v.detail, v.advice) if x)
+    else:
+        ops = [n.op_type for n in nodes]
+        chain = " → ".join(ops) if len(ops) <= 4 else f"{ops[0]} → {ops[1]} → … → {ops[-1]}"
+        n_weights = sum(1 for n in nodes for name in n.input if name in inits)
+        label = [f"{len(ops)} ops", chain] + ([f"{n_weights} initializers"] if n_weights else [])
+        fill, border, pen, _ = STYLE[I.ORT]
+        cls = "collapsed"
+        tip = ", ".join(n.name or n.op_type for n in nodes)
+    return f"  {gid} " + _attrs(id=gid, **{"class": cls}, label=_label(label), fillcolor=fill, color=border,
+                                penwidth=pen, tooltip=tip[:500], style="filled,dashed" if len(nodes) > 1 else None)
+
+
 def to_dot(report: I.ModelReport, max_nodes: int = 300) -> Drawing:
     graph = report.model.graph
     verdicts = report.node_verdicts
@@ -138,31 +166,7 @@ def to_dot(report: I.ModelReport, max_nodes: int = 300) -> Drawing:
             for o in n.output:
                 if o:
                     src[o] = gid
-        if len(nodes) == 1:
-            n, v = nodes[0], verdicts[idx[0]]
-            label = [n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"]
-            weights = [f"{name}: {types.get(name, '?')}" for name in n.input if name in inits]
-            label += weights[:MAX_INITIALIZER_LINES]
-            if len(weights) > MAX_INITIALIZER_LINES:
-                label.append(f"+{len(weights) - MAX_INITIALIZER_LINES} more initializers")
-            subgraphs = sum(1 for _ in I.subgraphs(n))
-            if subgraphs:
-                label.append(f"({subgraphs} subgraph{'s' if subgraphs > 1 else ''}, not drawn)")
-            if v.status not in (I.ORT,):
-                label.append(f"[{v.status}]")
-            fill, border, pen, cls = STYLE[v.status]
-            tip = " | ".join(x for x in (n.name, v.status, v.detail, v.advice) if x)
-        else:
-            ops = [n.op_type for n in nodes]
-            chain = " → ".join(ops) if len(ops) <= 4 else f"{ops[0]} → {ops[1]} → … → {ops[-1]}"
-            n_weights = sum(1 for n in nodes for name in n.input if name in inits)
-            label = [f"{len(ops)} ops", chain] + ([f"{n_weights} initializers"] if n_weights else [])
-            fill, border, pen, _ = STYLE[I.ORT]
-            cls = "collapsed"
-            tip = ", ".join(n.name or n.op_type for n in nodes)
-        lines.append(f"  {gid} " + _attrs(id=gid, **{"class": cls}, label=_label(label), fillcolor=fill, color=border,
-                                          penwidth=pen, tooltip=tip[:500],
-                                          style="filled,dashed" if len(nodes) > 1 else None))
+        lines.append(_box(gid, nodes, verdicts[idx[0]], types, inits))
 
     edges = set()
 
