@@ -31,6 +31,10 @@ OUTPUT_STYLE = ("#ffe5d0", "#ca6510")
 MAX_INITIALIZER_LINES = 4
 
 
+class GraphvizError(RuntimeError):
+    """Graphviz could not render the drawing; the message is one line."""
+
+
 @dataclasses.dataclass
 class Drawing:
     text: str
@@ -74,7 +78,7 @@ def _value_types(graph: onnx.GraphProto) -> dict[str, str]:
 
 def _standard(node: onnx.NodeProto, verdict: I.Verdict) -> bool:
     return (node.domain in ("", "ai.onnx") and verdict.status in (I.ORT, I.ORT_FUNCTION)
-            and not any(True for _ in I._subgraphs(node)))
+            and not any(True for _ in I.subgraphs(node)))
 
 
 def _chains(graph: onnx.GraphProto, verdicts: dict[int, I.Verdict]) -> list[int]:
@@ -100,6 +104,34 @@ def _chains(graph: onnx.GraphProto, verdicts: dict[int, I.Verdict]) -> list[int]
         if producers_of[j] == {i} and _standard(n, verdicts[i]) and _standard(graph.node[j], verdicts[j]):
             group[j] = group[i]  # nodes are in topological order: i's group is settled
     return group
+
+
+def _box(gid: str, nodes: list[onnx.NodeProto], verdict: I.Verdict, types: dict[str, str], inits: set[str]) -> str:
+    """The dot line of one op box: a single node (verdict is its own) or a collapsed run."""
+    if len(nodes) == 1:
+        n, v = nodes[0], verdict
+        label = [n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"]
+        weights = [f"{name}: {types.get(name, '?')}" for name in n.input if name in inits]
+        label += weights[:MAX_INITIALIZER_LINES]
+        if len(weights) > MAX_INITIALIZER_LINES:
+            label.append(f"+{len(weights) - MAX_INITIALIZER_LINES} more initializers")
+        subgraphs = sum(1 for _ in I.subgraphs(n))
+        if subgraphs:
+            label.append(f"({subgraphs} subgraph{'s' if subgraphs > 1 else ''}, not drawn)")
+        if v.status not in (I.ORT,):
+            label.append(f"[{v.status}]")
+        fill, border, pen, cls = STYLE[v.status]
+        tip = " | ".join(x for x in (n.name, v.status, v.detail, v.advice) if x)
+    else:
+        ops = [n.op_type for n in nodes]
+        chain = " → ".join(ops) if len(ops) <= 4 else f"{ops[0]} → {ops[1]} → … → {ops[-1]}"
+        n_weights = sum(1 for n in nodes for name in n.input if name in inits)
+        label = [f"{len(ops)} ops", chain] + ([f"{n_weights} initializers"] if n_weights else [])
+        fill, border, pen, _ = STYLE[I.ORT]
+        cls = "collapsed"
+        tip = ", ".join(n.name or n.op_type for n in nodes)
+    return f"  {gid} " + _attrs(id=gid, **{"class": cls}, label=_label(label), fillcolor=fill, color=border,
+                                penwidth=pen, tooltip=tip[:500], style="filled,dashed" if len(nodes) > 1 else None)
 
 
 def to_dot(report: I.ModelReport, max_nodes: int = 300) -> Drawing:
@@ -134,31 +166,7 @@ def to_dot(report: I.ModelReport, max_nodes: int = 300) -> Drawing:
             for o in n.output:
                 if o:
                     src[o] = gid
-        if len(nodes) == 1:
-            n, v = nodes[0], verdicts[idx[0]]
-            label = [n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"]
-            weights = [f"{name}: {types.get(name, '?')}" for name in n.input if name in inits]
-            label += weights[:MAX_INITIALIZER_LINES]
-            if len(weights) > MAX_INITIALIZER_LINES:
-                label.append(f"+{len(weights) - MAX_INITIALIZER_LINES} more initializers")
-            subgraphs = sum(1 for _ in I._subgraphs(n))
-            if subgraphs:
-                label.append(f"({subgraphs} subgraph{'s' if subgraphs > 1 else ''}, not drawn)")
-            if v.status not in (I.ORT,):
-                label.append(f"[{v.status}]")
-            fill, border, pen, cls = STYLE[v.status]
-            tip = " | ".join(x for x in (n.name, v.status, v.detail, v.advice) if x)
-        else:
-            ops = [n.op_type for n in nodes]
-            chain = " → ".join(ops) if len(ops) <= 4 else f"{ops[0]} → {ops[1]} → … → {ops[-1]}"
-            n_weights = sum(1 for n in nodes for name in n.input if name in inits)
-            label = [f"{len(ops)} ops", chain] + ([f"{n_weights} initializers"] if n_weights else [])
-            fill, border, pen, _ = STYLE[I.ORT]
-            cls = "collapsed"
-            tip = ", ".join(n.name or n.op_type for n in nodes)
-        lines.append(f"  {gid} " + _attrs(id=gid, **{"class": cls}, label=_label(label), fillcolor=fill, color=border,
-                                          penwidth=pen, tooltip=tip[:500],
-                                          style="filled,dashed" if len(nodes) > 1 else None))
+        lines.append(_box(gid, nodes, verdicts[idx[0]], types, inits))
 
     edges = set()
 
@@ -196,13 +204,11 @@ def to_dot(report: I.ModelReport, max_nodes: int = 300) -> Drawing:
 
 
 def render(text: str, out: Path, fmt: str, dot: str) -> None:
-    from .cli import CliError
-
     try:
         r = subprocess.run([dot, f"-T{fmt}", "-o", str(out)], input=text, capture_output=True, text=True,
                            timeout=600)
     except subprocess.TimeoutExpired:
-        raise CliError("Graphviz 'dot' took more than 10 minutes; write a .dot file or lower --max-nodes") from None
+        raise GraphvizError("Graphviz 'dot' took more than 10 minutes; write a .dot file or lower --max-nodes") from None
     if r.returncode != 0:
         first = next((ln for ln in r.stderr.splitlines() if ln.strip()), f"exit status {r.returncode}")
-        raise CliError(f"Graphviz 'dot' failed: {first}")
+        raise GraphvizError(f"Graphviz 'dot' failed: {first}")

@@ -1,0 +1,95 @@
+"""The whole model: every node of the main graph, its control-flow subgraphs and the model-local
+functions it calls, judged and grouped into one report."""
+
+from __future__ import annotations
+
+import onnx
+import onnxruntime as ort
+
+from .._library import libraries
+from .checker import Checker
+from .onnx_types import domain_name, graph_types, registry_domain, subgraphs
+from .report import MISSING, MODEL_FUNCTION, ModelReport, OpUse, Value, Verdict
+from .runtime import header_problems
+
+
+def infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    """The model with inferred value_info (types and shapes of intermediate tensors), or the
+    model as is with the reason inference failed."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True), None
+    except Exception as e:  # noqa: BLE001 - inspection goes on without inferred types
+        return model, f"shape inference failed ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}); "\
+                      "types of intermediate tensors are unknown"
+
+
+def analyze(model: onnx.ModelProto, path: str = "") -> ModelReport:
+    inferred, note = infer(model)
+    libs = libraries()
+    checker = Checker(inferred, libs)
+    model_opsets = {registry_domain(o.domain): o.version for o in inferred.opset_import}
+    uses: dict[tuple, OpUse] = {}
+    node_verdicts: dict[int, Verdict] = {}
+    called: list[tuple[str, str, str]] = []
+
+    def visit(node, opsets, types: dict[str, str], where: str, index: int | None):
+        domain = registry_domain(node.domain)
+        verdict = checker.node(node, opsets, types.get)
+        if index is not None:
+            node_verdicts[index] = verdict
+        if verdict.status == MODEL_FUNCTION:
+            called.append((node.domain, node.op_type, node.overload))
+        opset = opsets.get(domain)
+        key = (domain, node.op_type, opset, verdict)
+        use = uses.get(key)
+        if use is None:
+            use = uses[key] = OpUse(domain, node.op_type, opset, checker.resolve_since(domain, node.op_type, opset),
+                                    verdict)
+        use.count += 1
+        if where not in use.where:
+            use.where.append(where)
+
+    def walk(nodes, opsets, types, where, top: bool):
+        for i, node in enumerate(nodes):
+            visit(node, opsets, types, where, i if top else None)
+            for attr, g in subgraphs(node):
+                walk(g.node, opsets, graph_types(g, types),
+                     f"{where} > {node.op_type}{' ' + repr(node.name) if node.name else ''}.{attr}", False)
+
+    walk(inferred.graph.node, model_opsets, graph_types(inferred.graph), "graph", True)
+    # Model-local functions reachable from the graph, each body once.
+    seen = set()
+    while called:
+        key = called.pop(0)
+        if key in seen or key not in checker.functions:
+            continue
+        seen.add(key)
+        f = checker.functions[key]
+        opsets = dict(model_opsets)
+        opsets.update({registry_domain(o.domain): o.version for o in f.opset_import})
+        walk(f.node, opsets, {}, f"function {domain_name(f.domain)}::{f.name}", False)
+
+    functions = [{"domain": domain_name(f.domain), "name": f.name, "overload": f.overload,
+                  "nodes": len(f.node), "used": (f.domain, f.name, f.overload) in seen} for f in inferred.functions]
+    opsets_sorted = tuple(sorted((o.domain, o.version) for o in inferred.opset_import))
+    notes = [note] if note else []
+    inits = {i.name for i in inferred.graph.initializer}
+    ops = sorted(uses.values(), key=lambda u: (u.verdict.status != MISSING, domain_name(u.domain), u.op_type, u.opset or 0))
+    return ModelReport(
+        path=path,
+        ir_version=inferred.ir_version,
+        producer=" ".join(x for x in (inferred.producer_name, inferred.producer_version) if x),
+        opsets={o.domain: o.version for o in inferred.opset_import},
+        inputs=[Value.of(i) for i in inferred.graph.input if i.name not in inits],
+        outputs=[Value.of(o) for o in inferred.graph.output],
+        initializers=len(inferred.graph.initializer),
+        functions=functions,
+        ops=ops,
+        model_problems=list(header_problems(inferred.ir_version, opsets_sorted)),
+        notes=notes,
+        runtime=f"onnxruntime {ort.__version__} (CPU)",
+        libraries=[{"name": lib.name, "onnx_domain": lib.onnx_domain,
+                    "ort_library": str(lib.ort_path) if lib.ort_path else None} for lib in libs],
+        node_verdicts=node_verdicts,
+        model=inferred,
+    )

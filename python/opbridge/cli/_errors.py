@@ -1,0 +1,22 @@
+"""The CLI's failures. Each ends as one line on stderr: exit status 2 for a usage error, 1 for
+any other failure."""
+
+from __future__ import annotations
+
+
+class CliError(Exception):
+    """A failure explained in one line (exit status 1)."""
+
+
+class UsageError(CliError):
+    """A command line that cannot work (exit status 2)."""
+
+
+def one_line(e: BaseException) -> str:
+    """The first line of an exception's message. Messages written for the user (the CLI's and
+    opbridge's own) stand alone; others keep their type name, which often says more."""
+    text = str(e).strip()
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    if isinstance(e, CliError) or type(e).__name__ == "OpbridgeError":
+        return first or type(e).__name__
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__

@@ -1,0 +1,113 @@
+"""`opbridge export`: a user's PyTorch model exported with opbridge's rules, then summarised."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ._common import (
+    DTYPES,
+    DynamicSpec,
+    InputSpec,
+    build_model,
+    dynamic_spec,
+    factory_spec,
+    input_spec,
+    load_libraries,
+    no_duplicate_names,
+    opbridge_api,
+    positive_int,
+    progress,
+    random_tensor,
+    read_model,
+)
+from ._errors import CliError, UsageError
+
+HELP = "export a PyTorch model with opbridge's rules"
+DESCRIPTION = ("Imports MODULE (a dotted module or path/to/file.py), calls FACTORY() for a torch.nn.Module, "
+               "exports it on random example inputs with opbridge.export (which runs the ONNX checker) and "
+               "prints a summary. Example data: normal floats, integers in [0, 10), random booleans.")
+EPILOG = """example:
+  opbridge export my_models.py:Block -o block.onnx --input x=4x8:float32 --input y=4x8:float32 \\
+      --dynamic x:0:batch --dynamic y:0:batch
+  opbridge export my_pkg.models:make_model -o m.onnx --input img=1x3x224x224:float32 \\
+      --exporter torchscript --opset 17
+"""
+
+
+def add_arguments(c) -> None:
+    c.add_argument("factory", type=factory_spec, metavar="MODULE:FACTORY")
+    c.add_argument("-o", "--output", required=True, metavar="MODEL.onnx")
+    c.add_argument("--input", type=input_spec, action="append", metavar="NAME=SHAPE:DTYPE",
+                   help="one per forward argument, in order; SHAPE like 1x3x224x224, DTYPE one of "
+                        + ", ".join(DTYPES))
+    c.add_argument("--dynamic", type=dynamic_spec, action="append", metavar="NAME:AXIS[:DIM]",
+                   help="keep this axis symbolic; axes with the same DIM name share a size")
+    c.add_argument("--output-name", action="append", metavar="NAME", help="name the outputs, in order")
+    c.add_argument("--opset", type=positive_int, help="ai.onnx opset (dynamo: 18 or newer)")
+    c.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo",
+                   help="PyTorch exporter (default dynamo)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the example inputs (default 0)")
+
+
+def _dynamic_axes(inputs: Sequence[InputSpec], dynamic: Sequence[DynamicSpec]) -> dict[str, dict[int, str]] | None:
+    by_name = {s.name: s for s in inputs}
+    axes: dict[str, dict[int, str]] = {}
+    for d in dynamic or ():
+        spec = by_name.get(d.name)
+        if spec is None:
+            raise UsageError(f"--dynamic {d.name}:{d.axis}: no --input named '{d.name}' "
+                             f"(inputs: {', '.join(by_name) or 'none'})")
+        rank = len(spec.shape)
+        if not -rank <= d.axis < rank:
+            raise UsageError(f"--dynamic {d.name}:{d.axis}: input '{d.name}' has rank {rank}")
+        axis = d.axis % rank
+        axes.setdefault(d.name, {})[axis] = d.dim or f"{d.name}_dim{axis}"
+    return axes or None
+
+
+def summarize(path: Path, exporter: str | None = None) -> None:
+    from .. import _inspect as I
+
+    model = read_model(str(path))
+    report = I.analyze(model, str(path))
+    by_domain: dict[str, int] = {}
+    for u in report.ops:
+        key = I.domain_name(u.domain)
+        by_domain[key] = by_domain.get(key, 0) + u.count
+    if exporter:
+        print(f"exporter   {exporter}")
+    print("opsets     " + ", ".join(f"{I.domain_name(d)} {v}" for d, v in report.opsets.items()))
+    for title, values in (("inputs", report.inputs), ("outputs", report.outputs)):
+        width = max((len(v.name) for v in values), default=0)
+        for k, v in enumerate(values):
+            print(f"{title if k == 0 else '':<10} {v.name:<{width}}  {v.describe()}")
+    print("ops        " + (", ".join(f"{d} {n}" for d, n in sorted(by_domain.items())) or "none")
+          + f" ({sum(by_domain.values())} nodes)")
+    size = path.stat().st_size
+    print(f"file       {path} ({size / 1e6:.2f} MB)" if size >= 1e5 else f"file       {path} ({size} bytes)")
+    missing = report.missing
+    print("runtime    " + (f"every op has a runtime ({report.runtime} with the opbridge libraries)" if not missing
+                           else f"{len(missing)} MISSING: run 'opbridge inspect {path}'"))
+
+
+def run(args) -> int:
+    if not args.input:
+        raise UsageError("give the model's example inputs with --input NAME=SHAPE:DTYPE (one per forward argument)")
+    no_duplicate_names(args.input)
+    dynamic_axes = _dynamic_axes(args.input, args.dynamic)
+    load_libraries(args.library)
+    ob = opbridge_api()
+    model = build_model(args.factory)
+    example = tuple(random_tensor(s, args.seed + k) for k, s in enumerate(args.input))
+    out = Path(args.output)
+    if out.parent and not out.parent.exists():
+        raise CliError(f"-o {args.output}: folder {out.parent} does not exist")
+    progress(f"exporting with the {args.exporter} exporter"
+             + (f" (opset {args.opset})" if args.opset else "") + ", then the ONNX checker")
+    ob.export(model, example, out, exporter=args.exporter, opset=args.opset,
+              input_names=[s.name for s in args.input], output_names=args.output_name or None,
+              dynamic_axes=dynamic_axes, verbose=args.verbose)
+    progress(f"wrote {out}")
+    summarize(out, args.exporter)
+    return 0
