@@ -104,6 +104,13 @@ class ExportRule:
     def __str__(self) -> str:
         return f"ai.onnx {self.op_type}" if self.standard else f"{self.domain}::{self.op_type}"
 
+    def to_json(self) -> dict[str, Any]:
+        """The rule as the manifest spells it (for tools that print JSON)."""
+        attrs = [{"name": a.name, "kind": a.kind, **({"value": a.value} if a.fixed else {"from": list(a.sources)})}
+                 for a in self.attributes]
+        return {"domain": self.domain, "op_type": self.op_type, "min_opset": self.min_opset,
+                "inputs": [{"name": i.name, "when": i.when} for i in self.inputs], "attributes": attrs}
+
 
 @dataclasses.dataclass(frozen=True)
 class OnnxFunction:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnx
 import onnxruntime as ort
 
-from .._library import libraries
+from .._registry import libraries
 from .checker import Checker
 from .onnx_types import domain_name, graph_types, registry_domain, subgraphs
 from .report import MISSING, MODEL_FUNCTION, ModelReport, OpUse, Value, Verdict

@@ -10,7 +10,8 @@ from typing import Callable, Iterator, Sequence
 import onnx
 import onnxruntime as ort
 
-from .._library import Library, OpInfo
+from .._kinds import DTYPES
+from .._manifest import Library, OpInfo
 from .onnx_types import ONNX_DOMAIN, domain_name, registry_domain, type_proto
 from .report import MISSING, MODEL_FUNCTION, OPBRIDGE, ORT, ORT_FUNCTION, Verdict
 from .runtime import Kernel, accepted_ir, header_accepted, kernel_serves, ort_registry, probe_node
@@ -131,17 +132,25 @@ class Checker:
             return Verdict(MISSING, f"opbridge op {op.name}",
                            f"{qual}: op library '{lib.name}' was loaded without its ONNX Runtime library "
                            f"(lib{lib.name}_ort.so); build it with opbridge_add_op_library and load both")
+        imported = self.model_opsets.get(op.onnx_domain)
+        if imported is not None and not 1 <= imported <= lib.onnx_domain_version:
+            # ONNX Runtime would run it anyway, with this library's (older) version of the op.
+            return Verdict(MISSING, f"opbridge op {op.name}",
+                           f"{qual}: the model imports domain '{op.onnx_domain}' version {imported}; op library "
+                           f"'{lib.name}' provides versions 1 to {lib.onnx_domain_version}: re-export the model "
+                           "with this library, or load the library version the model was made with")
         if len(node.input) > len(op.inputs) or len(node.output) > len(op.outputs):
             return Verdict(MISSING, f"opbridge op {op.name}",
                            f"{qual} takes {len(op.inputs)} inputs and {len(op.outputs)} outputs; this node has "
                            f"{len(node.input)} and {len(node.output)}")
-        bound = [(spec["type"], name) for spec, name in zip(op.inputs, node.input) if name]
-        bound += [(spec["type"], name) for spec, name in zip(op.outputs, node.output) if name]
-        bad = _type_mismatch(op.onnx_types, bound, types)
+        bound = [(spec.type, name) for spec, name in zip(op.inputs, node.input) if name]
+        bound += [(spec.type, name) for spec, name in zip(op.outputs, node.output) if name]
+        onnx_types = {t.name: [DTYPES[d].onnx_type for d in t.dtypes] for t in op.types}
+        bad = _type_mismatch(onnx_types, bound, types)
         if bad:
             c = bad[0]
             return Verdict(MISSING, f"opbridge op {op.name}",
-                           f"{qual} takes {c} in {{{', '.join(_short(t) for t in op.onnx_types[c])}}}; this node has "
+                           f"{qual} takes {c} in {{{', '.join(_short(t) for t in onnx_types[c])}}}; this node has "
                            f"{c}={_short(bad[1])} ('{bad[2]}'): cast it or add the dtype to the op's .types()")
         return Verdict(OPBRIDGE, f"library {lib.name} ({lib.ort_path.name}), op {op.name}")
 

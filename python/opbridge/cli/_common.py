@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import _kinds
 from ._errors import CliError, UsageError, one_line
 
 PROG = "opbridge"
@@ -25,7 +26,8 @@ def progress(msg: str) -> None:
 
 # --- argument values ---------------------------------------------------------------------------
 
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool")
+# The dtypes an --input may name: those of the package's one dtype table.
+DTYPES = tuple(_kinds.DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +120,8 @@ def read_model(path: str):
     from google.protobuf.message import DecodeError
 
     p = Path(path)
+    if p.is_dir():
+        raise CliError(f"{path} is a directory, not an ONNX model file")
     if not p.is_file():
         raise CliError(f"{path}: no such file")
     try:
@@ -188,12 +192,20 @@ def random_tensor(spec: InputSpec, seed: int):
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    dtype = getattr(torch, spec.dtype)
-    if dtype.is_floating_point:
-        return torch.randn(spec.shape, generator=g, dtype=torch.float32).to(dtype)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, spec.shape, generator=g).bool()
-    return torch.randint(0, 10, spec.shape, generator=g, dtype=torch.int64).to(dtype)
+    dtype = _kinds.DTYPES[spec.dtype].torch
+    try:
+        if dtype.is_floating_point:
+            return torch.randn(spec.shape, generator=g, dtype=torch.float32).to(dtype)
+        if dtype == torch.bool:
+            return torch.randint(0, 2, spec.shape, generator=g).bool()
+        return torch.randint(0, 10, spec.shape, generator=g, dtype=torch.int64).to(dtype)
+    except RuntimeError as e:  # the allocator's message alone would not say which input
+        elements = 1
+        for d in spec.shape:
+            elements *= d
+        raise CliError(f"input '{spec.name}' of shape {list(spec.shape)} ({elements} elements of {spec.dtype}) cannot "
+                       f"be made: {one_line(e)}; give smaller data with --input {spec.name}=SHAPE:DTYPE or "
+                       "--inputs FILE.npz") from None
 
 
 def no_duplicate_names(specs: Sequence[InputSpec]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from ._common import load_libraries, opbridge_api, table
@@ -36,31 +37,39 @@ def export_summary(op) -> str:
     if op.export_kind == "kernel":
         parts.append(f"{_domain(op.onnx_domain)}::{op.onnx_type} v{op.since_version}")
     elif op.export_kind == "function":
-        parts.append(f"{_domain(op.onnx_domain)}::{op.onnx_type} v{op.since_version} (function, opset {op.function['opset']}+)")
+        parts.append(f"{_domain(op.onnx_domain)}::{op.onnx_type} v{op.since_version} (function, opset {op.function.opset}+)")
     for r in op.export_rules:
-        target = f"{_domain(r['domain'])}::{r['op_type']}"
-        parts.append(f"{target} from opset {r['min_opset']}" if r["min_opset"] > 1 else target)
+        target = f"{_domain(r.domain)}::{r.op_type}"
+        parts.append(f"{target} from opset {r.min_opset}" if r.min_opset > 1 else target)
     return "; ".join(parts)
+
+
+def _json_value(v):
+    """A default as JSON has it: the manifest's lists come back as tuples."""
+    return list(v) if isinstance(v, tuple) else v
 
 
 def op_json(op) -> dict:
     return {
         "name": op.name,
         "library": op.library.name,
-        "torch_op": op.torch_op,
+        "qualified_name": op.qualified_name,
         "torch_schema": _torch_schema(op),
         "defines_torch_op": op.defines_torch_op,
         "doc": op.doc,
         "export": {"kind": op.export_kind,
                    "own_node": ({"domain": _domain(op.onnx_domain), "op_type": op.onnx_type,
                                  "since_version": op.since_version} if op.has_own_node else None),
-                   "rules": op.export_rules, "function": op.function, "summary": export_summary(op)},
-        "inputs": [{"name": i["name"], "type": i["type"], "dtypes": op.types[i["type"]], "optional": i["optional"],
-                    "doc": i["doc"]} for i in op.inputs],
-        "attributes": [{k: a[k] for k in ("name", "kind", "default", "doc") if k in a} for a in op.attributes],
-        "outputs": [{"name": o["name"], "type": o["type"], "dtypes": op.types[o["type"]], "shape": o["shape"],
-                     "doc": o["doc"]} for o in op.outputs],
-        "checks": op.checks,
+                   "rules": [r.to_json() for r in op.export_rules],
+                   "function": dataclasses.asdict(op.function) if op.function else None,
+                   "summary": export_summary(op)},
+        "inputs": [{"name": i.name, "type": i.type, "dtypes": list(op.type_constraint(i.type).dtypes),
+                    "optional": i.optional, "doc": i.doc} for i in op.inputs],
+        "attributes": [{"name": a.name, "kind": a.kind, **({"default": _json_value(a.default)} if a.has_default else {}),
+                        "doc": a.doc} for a in op.attributes],
+        "outputs": [{"name": o.name, "type": o.type, "dtypes": list(op.type_constraint(o.type).dtypes),
+                     "shape": o.shape, "doc": o.doc} for o in op.outputs],
+        "checks": list(op.checks),
     }
 
 
@@ -91,12 +100,12 @@ def run(args) -> int:
               f"v{lib.onnx_domain_version}, {len(lib.ops)} ops ({lib.torch_path.name}, {ort_lib})")
         rows, sigs = [], []
         for op in lib.ops:
-            args_ = [f"{i['name']}{'?' if i['optional'] else ''}:{i['type']}" for i in op.inputs]
-            outs = [f"{o['name']}:{o['type']}" for o in op.outputs]
-            types = "; ".join(f"{c}={'|'.join(d)}" for c, d in op.types.items())
+            args_ = [f"{i.name}{'?' if i.optional else ''}:{i.type}" for i in op.inputs]
+            outs = [f"{o.name}:{o.type}" for o in op.outputs]
+            types = "; ".join(f"{t.name}={'|'.join(t.dtypes)}" for t in op.types)
             rows.append([op.name, op.export_kind, export_summary(op), f"({', '.join(args_)}) -> ({', '.join(outs)})",
                          types])
-            sigs.append(_torch_schema(op) or f"{op.torch_op} (not in this torch build)")
+            sigs.append(_torch_schema(op) or f"{op.qualified_name} (not in this torch build)")
         lines = table(rows, ["op", "export", "ONNX (by target opset)", "inputs -> outputs", "dtypes"])
         print("\n".join(lines[:2]))
         for line, sig in zip(lines[2:], sigs):

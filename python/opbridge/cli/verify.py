@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import _kinds
 from ._common import (
     DTYPES,
     InputSpec,
@@ -97,12 +98,10 @@ def _verify_inputs(args, sess) -> list:
 
 def _onnx_type(t) -> str | None:
     """'tensor(float)' for a torch tensor, as ONNX Runtime names its inputs' types."""
-    import torch
-
-    names = {torch.float32: "float", torch.float64: "double", torch.float16: "float16", torch.bfloat16: "bfloat16",
-             torch.int8: "int8", torch.int16: "int16", torch.int32: "int32", torch.int64: "int64",
-             torch.uint8: "uint8", torch.bool: "bool"}
-    return f"tensor({names[t.dtype]})" if t.dtype in names else None
+    try:
+        return _kinds.dtype_of(t.dtype).onnx_type
+    except KeyError:
+        return None
 
 
 def run(args) -> int:
