@@ -61,7 +61,7 @@ DType from_onnx(ONNXTensorElementDataType t, const std::string& input) {
 struct CustomOp : OrtCustomOp {
   const OpSpec* spec = nullptr;
   std::vector<ONNXTensorElementDataType> input_types, output_types;
-  bool any_dtypes = false;  // the last registration of an op: dtypes no other one takes, refused
+  bool mixed = false;  // inputs of one type constraint with different dtypes: refused by name
 };
 
 struct Kernel {
@@ -280,7 +280,7 @@ std::vector<std::optional<DType>> node_input_dtypes(const OpSpec& op, const OrtK
   return out;
 }
 
-// A node whose input dtypes no typed registration takes: say which inputs and which dtypes, in the
+// A node whose inputs of one type constraint disagree: say which inputs and which dtypes, in the
 // words eager PyTorch uses, when the session is created.
 [[noreturn]] void refuse_dtypes(const OpSpec& op, const OrtKernelInfo* info) {
   resolve_types(op, node_input_dtypes(op, info));  // throws naming the input and the dtypes expected
@@ -293,7 +293,7 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, cons
   return guarded(where, [&] {
     std::string node = node_name(info);
     if (!node.empty()) where += " (node '" + node + "')";
-    if (self(op).any_dtypes) refuse_dtypes(spec, info);
+    if (self(op).mixed) refuse_dtypes(spec, info);
     auto kernel = std::make_unique<Kernel>(Kernel{&spec, {}, where});
     std::vector<std::optional<AttrValue>> given;
     for (const AttrSpec& a : spec.attrs) given.push_back(read_attr(info, a));
@@ -362,17 +362,35 @@ void expand(const OpSpec& op, size_t t, std::vector<DType>& chosen, std::vector<
   }
 }
 
-// Registered after the typed ones, which ONNX Runtime tries first: takes every other combination
-// of input dtypes (a dtype the op does not allow, inputs that must agree but do not) and refuses
-// it naming the inputs and the dtypes expected, instead of ONNX Runtime's "no kernel matches".
-std::unique_ptr<CustomOp> any_dtypes(const OpSpec& op) {
-  auto c = std::make_unique<CustomOp>();
-  fill_table(*c);
-  c->spec = &op;
-  c->any_dtypes = true;
-  c->input_types.assign(op.inputs.size(), ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
-  c->output_types.assign(op.outputs.size(), ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
-  return c;
+// Every assignment of allowed dtypes to the inputs where inputs of one constraint disagree (a
+// float32 and a float64 operand). ONNX Runtime would refuse such a node with "no kernel def
+// matches"; these entries take it and refuse it naming the inputs. Registered after the typed
+// entries, which ONNX Runtime tries first (a node with an absent optional input may match both).
+// A dtype outside a constraint is left to ONNX Runtime's schema check, which names it.
+void expand_mixed(const OpSpec& op, size_t i, std::vector<DType>& chosen, std::vector<std::unique_ptr<CustomOp>>& out) {
+  if (i == op.inputs.size()) {
+    auto first_of = [&](const std::string& type) -> std::optional<DType> {
+      for (size_t k = 0; k < op.inputs.size(); ++k)
+        if (op.inputs[k].type == type) return chosen[k];
+      return std::nullopt;
+    };
+    bool mixed = false;
+    for (size_t k = 0; k < op.inputs.size(); ++k) mixed |= chosen[k] != *first_of(op.inputs[k].type);
+    if (!mixed) return;
+    auto c = std::make_unique<CustomOp>();
+    fill_table(*c);
+    c->spec = &op;
+    c->mixed = true;
+    for (DType d : chosen) c->input_types.push_back(to_onnx(d));
+    for (const OutputSpec& o : op.outputs) c->output_types.push_back(to_onnx(first_of(o.type).value_or(op.type(o.type).allowed.front())));
+    out.push_back(std::move(c));
+    return;
+  }
+  for (DType d : op.type(op.inputs[i].type).allowed) {
+    chosen.push_back(d);
+    expand_mixed(op, i + 1, chosen, out);
+    chosen.pop_back();
+  }
 }
 
 // The custom ops and the domain live as long as this library is loaded: ONNX Runtime keeps
@@ -385,7 +403,7 @@ struct Domain {
       if (!op.cpu_kernel) continue;  // ops without a kernel export to standard ops or functions
       std::vector<DType> chosen;
       expand(op, 0, chosen, ops);
-      ops.push_back(any_dtypes(op));
+      expand_mixed(op, 0, chosen, ops);
     }
     check(g_api->CreateCustomOpDomain(this_library().onnx_domain, &domain));
     for (const auto& op : ops) check(g_api->CustomOpDomain_Add(domain, op.get()));

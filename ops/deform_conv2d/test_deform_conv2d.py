@@ -151,7 +151,7 @@ BAD = [
     bad("bias_length", "bias must have weight.shape[0] values", edit=_set(3, r([5]))),
     bad("stride_one_value", "attribute 'stride' needs at least 2 values, got 1", stride=(1,)),
     bad("stride_three_values", "attribute 'stride' must have 2 values (height, width), got 3", stride=(1, 1, 1)),
-    bad("stride_zero", "attribute 'stride' values must be >= 1 (stride[0] = 0, 1 = 1)", stride=(0, 1)),
+    bad("stride_zero", "attribute 'stride' values must be >= 1, got 0", stride=(0, 1)),
     bad("padding_negative", "attribute 'padding' values must be >= 0, got [-1, 0]", cfg_inputs={"h": 9, "padding": (-1, 0)},
         padding=(-1, 0)),
     bad("dilation_zero", "attribute 'dilation' values must be >= 1, got [1, 0]", cfg_inputs={"dilation": (1, 0)},

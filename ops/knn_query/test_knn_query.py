@@ -88,7 +88,13 @@ TestKnnQuery = op_test_suite(
                      "new_offset_past_rows"),
             BadInput((r([4, 3]), off([2, 4]), r([2, 3]), off([2])), {"k": 2},
                      "new_offset must have one entry per segment of offset", "segment_count_differs"),
-            BadInput((r([4, 3]), off([4])), {"k": 0}, re.escape("k must be >= 1 (k = 0, 1 = 1)"), "k_zero"),
+            BadInput((r([4, 3]), off([4])), {"k": 0}, re.escape("k must be >= 1, got 0"), "k_zero"),
+            # Sizes are checked before any allocation, and an allocation that fails (16 PiB: more than
+            # any address space) is reported in the op's words rather than the allocator's.
+            BadInput((r([4, 3]), off([4])), {"k": 2**62},
+                     re.escape("output 'idx' of shape [4, 4611686018427387904] is too large"), "k_too_large"),
+            BadInput((r([4, 3]), off([4])), {"k": 2**50}, re.escape("cannot allocate output 'idx' of shape [4, "),
+                     "k_cannot_be_allocated"),
             BadInput((r([4, 3]), off([4]), r([2, 3])), {"k": 1}, "new_xyz and new_offset must be given together",
                      "new_xyz_alone"),
             BadInput((r([4, 3]), off([4]), None, off([2])), {"k": 1}, "new_xyz and new_offset must be given together",
@@ -212,7 +218,7 @@ def test_export_rejects_k_zero_before_any_run():
 def test_onnxruntime_rejects_k_zero_and_nan():
     x = r([4, 3]).numpy()
     sess = opbridge.session(node_model(_info(), [x, np.array([4], np.int64)], {"k": 0}))
-    with pytest.raises(_ORT_ERRORS, match=re.escape("k must be >= 1 (k = 0, 1 = 1)")):
+    with pytest.raises(_ORT_ERRORS, match=re.escape("k must be >= 1, got 0")):
         sess.run(None, {"xyz": x, "offset": np.array([4], np.int64)})
     x_nan = x.copy()
     x_nan[2, 0] = np.nan

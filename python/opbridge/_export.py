@@ -67,6 +67,7 @@ def export(
         raise OpbridgeError(f"exporter must be one of {', '.join(EXPORTERS)}, got '{exporter}'")
     if not isinstance(args, tuple):
         args = (args,)
+    args, kwargs = _distinct_examples(args, kwargs)
     names = list(input_names) if input_names else None
     outs = list(output_names) if output_names else None
     if exporter == "dynamo":
@@ -109,6 +110,26 @@ def export(
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
+
+
+def _distinct_examples(args: tuple, kwargs: dict | None) -> tuple[tuple, dict | None]:
+    """Example tensors that share memory (one tensor passed for several arguments, or views of
+    one storage) become copies of their own: an exporter may wire every use of shared memory to
+    one graph input, and the model would then compute with one value where the caller has
+    several."""
+    seen: set[int] = set()
+
+    def own(t):
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            return t
+        key = t.untyped_storage().data_ptr()
+        if key in seen:
+            return t.clone()
+        seen.add(key)
+        return t
+
+    args, kwargs = torch.utils._pytree.tree_map(own, (args, kwargs))
+    return args, kwargs
 
 
 def tensor_leaves(tree) -> list[torch.Tensor]:

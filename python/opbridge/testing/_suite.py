@@ -1,0 +1,245 @@
+"""The standard per-op test suite, derived from the op's spec (see the package docstring)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+from .._export import EXPORTERS
+from .._kinds import ATTR_KINDS, DTYPES
+from .._manifest import OpInfo
+from .._session import session
+from .._verify import verify
+from ._cases import (
+    ORT_ERRORS,
+    OpCase,
+    Sample,
+    aliased_variants,
+    as_list,
+    as_numpy,
+    assert_close,
+    expected_node,
+    export_case,
+    reference_outputs,
+)
+from ._nodes import feeds, mixed_pair, node_attributes, node_model, reference_op_class
+
+
+def op_test_suite(case: OpCase) -> type:
+    """A pytest test class running the standard suite on `case`."""
+    samples = list(case.samples)
+    ids = [s.name or f"sample{i}" for i, s in enumerate(samples)]
+    bad_ids = [b.name for b in case.bad_inputs]
+
+    def info() -> OpInfo:
+        return case.info
+
+    class Suite:
+        @pytest.mark.parametrize("sample", samples, ids=ids)
+        def test_eager_matches_reference(self, sample):
+            got = as_list(info().overload(*sample.inputs, **sample.attrs))
+            for k, (g, w) in enumerate(zip(got, reference_outputs(case, sample))):
+                assert_close(as_numpy(g), w, case.rtol, case.atol, f"output {k}")
+
+        @pytest.mark.parametrize("sample", samples, ids=ids)
+        def test_eager_non_contiguous(self, sample):
+            def strided(t):
+                if t is None or t.dim() == 0:
+                    return t
+                # Same values, every other element of a doubled last axis: not contiguous.
+                wide = torch.zeros(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype)
+                wide[..., ::2] = t
+                v = wide[..., ::2]
+                assert not v.is_contiguous() or t.numel() <= 1
+                return v
+
+            s = Sample(tuple(strided(t) for t in sample.inputs), sample.attrs)
+            got = as_list(info().overload(*s.inputs, **s.attrs))
+            for k, (g, w) in enumerate(zip(got, reference_outputs(case, sample))):
+                assert_close(as_numpy(g), w, case.rtol, case.atol, f"output {k}")
+
+        @pytest.mark.parametrize("sample", samples, ids=ids)
+        def test_opcheck(self, sample):
+            if not info().defines_torch_op:
+                pytest.skip(f"{info().qualified_name} is PyTorch's own op")
+            torch.library.opcheck(info().overload, sample.inputs, sample.attrs)
+
+        @pytest.mark.parametrize("exporter", EXPORTERS)
+        @pytest.mark.parametrize("sample", samples, ids=ids)
+        def test_export_runs_in_onnxruntime(self, sample, exporter):
+            model, tensors, proto = export_case(case, sample, exporter)
+            if sample.no_onnxruntime:
+                pytest.skip(sample.no_onnxruntime)  # exported and checked above
+            types = {(n.domain, n.op_type) for n in proto.graph.node}
+            assert expected_node(info(), exporter) in types, f"exported graph has {types}"
+            report = verify(model, tensors, proto, rtol=case.rtol, atol=case.atol)
+            assert report.ok, "\n" + report.table()
+
+        @pytest.mark.parametrize("exporter", EXPORTERS)
+        def test_export_custom_nodes_on_request(self, exporter):
+            # An op with its own kernel and a rule to a standard op: custom_nodes=True keeps the
+            # opbridge node (for runtimes without the standard op), at any opset.
+            if info().export_kind != "kernel" or not any(r.standard for r in info().export_rules):
+                pytest.skip("no standard-op rule to pass over")
+            sample = next((s for s in samples if not s.no_onnxruntime), samples[0])
+            model, tensors, proto = export_case(case, sample, exporter, custom_nodes=True)
+            types = {(n.domain, n.op_type) for n in proto.graph.node}
+            assert (info().onnx_domain, info().onnx_type) in types, f"exported graph has {types}"
+            assert not any(r.op_type == t for r in info().export_rules for _, t in types)
+            report = verify(model, tensors, proto, rtol=case.rtol, atol=case.atol)
+            assert report.ok, "\n" + report.table()
+
+        @pytest.mark.parametrize("exporter", EXPORTERS)
+        def test_export_with_aliased_examples(self, exporter):
+            # Examples sharing memory still export one graph input per argument, wired as called:
+            # the model is checked on distinct inputs with different values.
+            sample = next((s for s in samples if not s.no_onnxruntime and aliased_variants(s)), None)
+            if sample is None:
+                pytest.skip("no sample with two tensor inputs of one dtype")
+            for what, aliased in aliased_variants(sample):
+                try:
+                    info().overload(*aliased.inputs, **aliased.attrs)
+                except RuntimeError:
+                    continue  # the op refuses these values (e.g. equal bounds): nothing to export
+                model, _, proto = export_case(case, aliased, exporter)
+                tensors = tuple(t for t in sample.inputs if t is not None)
+                report = verify(model, tensors, proto, rtol=case.rtol, atol=case.atol)
+                assert report.ok, f"{what}\n" + report.table()
+
+        def test_one_session_from_eight_threads(self):
+            # Kernels are shared by every thread running a session: results stay bit for bit those
+            # of a single-threaded run.
+            sample = next((s for s in samples if not s.no_onnxruntime), None)
+            if sample is None:
+                pytest.skip("ONNX Runtime cannot run any sample")
+            _, tensors, proto = export_case(case, sample, "dynamo")
+            sess = session(proto)
+            feed = {i.name: as_numpy(t) for i, t in zip(sess.get_inputs(), tensors)}
+            want = sess.run(None, feed)
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                runs = list(pool.map(lambda _: sess.run(None, feed), range(32)))
+            for got in runs:
+                for g, w in zip(got, want):
+                    assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes()
+
+        @pytest.mark.parametrize("exporter", EXPORTERS)
+        def test_reference_evaluator_agrees(self, exporter):
+            from onnx.reference import ReferenceEvaluator
+
+            sample = samples[0]
+            _, tensors, proto = export_case(case, sample, exporter)
+            own = (info().onnx_domain, info().onnx_type) == expected_node(info(), exporter)
+            new_ops = [reference_op_class(case)] if own and info().export_kind == "kernel" else []
+            ref = ReferenceEvaluator(proto, new_ops=new_ops)
+            feeds = {i.name: as_numpy(t) for i, t in zip(proto.graph.input, tensors)}
+            got = ref.run(None, feeds)
+            ort_out = session(proto).run(None, feeds)
+            for k, (g, o) in enumerate(zip(got, ort_out)):
+                assert_close(o, g, case.rtol, case.atol, f"ORT vs reference evaluator, output {k}")
+
+        @pytest.mark.parametrize("exporter", EXPORTERS)
+        def test_dynamic_axis(self, exporter):
+            sample = next((s for s in samples if s.dynamic), None)
+            if sample is None or case.resize is None:
+                pytest.skip("no dynamic sample")
+            present = [t is not None for t in sample.inputs]
+            names = [i.name for i, p in zip(info().inputs, present) if p]
+            dyn = {info().inputs[i].name: {ax: f"d{ax}" for ax in axes} for i, axes in sample.dynamic.items()}
+            model, _, proto = export_case(case, sample, exporter, dynamic_axes=dyn)
+            for g in proto.graph.input:
+                if g.name in dyn:
+                    for ax in dyn[g.name]:
+                        d = g.type.tensor_type.shape.dim[ax]
+                        assert d.dim_param and not d.HasField("dim_value"), f"{g.name} axis {ax} is static: {d}"
+            sess = session(proto)
+            for n in (1, 5, 9):
+                s = case.resize(sample, n)
+                tensors = tuple(t for t in s.inputs if t is not None)
+                report = verify(model, tensors, proto, rtol=case.rtol, atol=case.atol, sess=sess)
+                assert report.ok, f"size {n}\n" + report.table()
+            assert names
+
+        @pytest.mark.parametrize("bad", list(case.bad_inputs), ids=bad_ids)
+        def test_torch_rejects_bad_input(self, bad):
+            with pytest.raises(RuntimeError, match=re.escape(info().qualified_name) + r": .*" + bad.match):
+                info().overload(*bad.inputs, **bad.attrs)
+            self.test_eager_matches_reference(samples[0])  # still alive and computing
+
+        def _every_attribute_rejects_other_kinds(self, op, sample, arrays, attrs):
+            feeds_of = lambda m: feeds(m, [(i.name, x) for i, x in zip(op.inputs, arrays) if x is not None])
+            for a in op.attributes:
+                for wrong in ATTR_KINDS[a.kind].other_kind_values:
+                    raw = node_attributes(op, attrs, without=a.name)
+                    raw.append(helper.make_attribute(a.name, wrong))
+                    model = node_model(op, arrays, attrs, raw_attrs=raw)
+                    match = re.escape(op.qualified_name) + rf".*attribute '{a.name}' must be {re.escape(a.kind)}, got"
+                    with pytest.raises(ORT_ERRORS, match=match):
+                        session(model).run(None, feeds_of(model))
+            self._still_runs(op, sample, attrs)
+
+        def _still_runs(self, op, sample, attrs):
+            # The process survived: the well-formed node still runs and matches the reference.
+            good_arrays = [as_numpy(t) for t in sample.inputs]
+            good = node_model(op, good_arrays, attrs)
+            onnx.checker.check_model(good, full_check=True)  # the generated ONNX schema accepts it
+            out = session(good).run(None, feeds(good, [(i.name, x) for i, x in zip(op.inputs, good_arrays)
+                                                         if x is not None]))
+            for k, (g, w) in enumerate(zip(out, reference_outputs(case, sample))):
+                assert_close(g, w, case.rtol, case.atol, f"output {k}")
+
+        @pytest.mark.parametrize("kind", ["wrong_dtype", "mixed_dtypes", "missing_input", "missing_attribute",
+                                          "wrong_attribute_type"])
+        def test_onnxruntime_rejects_bad_node(self, kind):
+            op = info()
+            if op.export_kind != "kernel":
+                pytest.skip("runs as a builtin ONNX Runtime op")
+            sample = samples[0]
+            arrays = [as_numpy(t) for t in sample.inputs]
+            arrays += [None] * (len(op.inputs) - len(arrays))
+            attrs = dict(sample.attrs)
+            n_inputs, raw, match = None, None, None
+            if kind == "wrong_dtype":
+                allowed = set(op.type_constraint(op.inputs[0].type).dtypes)
+                bad = next((d for d in ("int64", "int32", "uint8", "float64") if d not in allowed), None)
+                if bad is None:
+                    pytest.skip("the first input takes every dtype tried")
+                arrays[0] = arrays[0].astype(bad)
+                match = rf"Type Error: Type '{re.escape(DTYPES[bad].onnx_type)}' of input parameter \({op.inputs[0].name}\)"
+            elif kind == "mixed_dtypes":
+                # Two inputs of one type constraint with different allowed dtypes: refused when the
+                # session is created, naming both, as eager PyTorch does.
+                pair = mixed_pair(op, arrays)
+                if pair is None:
+                    pytest.skip("no two present inputs share a type constraint with several dtypes")
+                k, other = pair
+                first = next(i for i, x in zip(op.inputs, arrays) if x is not None and i.type == op.inputs[k].type)
+                arrays[k] = arrays[k].astype(other)
+                match = (re.escape(op.qualified_name) + rf".*inputs '{first.name}' \(\w+\) and '{op.inputs[k].name}' "
+                         rf"\({other}\) must have the same dtype")
+            elif kind == "missing_input":
+                n_required = sum(not i.optional for i in op.inputs)
+                n_inputs = n_required - 1
+                match = rf"has input size {n_inputs} not in range"
+            elif kind == "missing_attribute":
+                required = [a for a in op.attributes if a.required]
+                if not required:
+                    pytest.skip("every attribute has a default")
+                raw = node_attributes(op, attrs, without=required[0].name)
+                match = re.escape(op.qualified_name) + r".*required attribute '" + required[0].name + "'"
+            else:
+                if not op.attributes:
+                    pytest.skip("no attributes")
+                return self._every_attribute_rejects_other_kinds(op, sample, arrays, attrs)
+            model = node_model(op, arrays, attrs, n_inputs=n_inputs, raw_attrs=raw)
+            feed = feeds(model, [(i.name, x) for i, x in zip(op.inputs, arrays) if x is not None])
+            with pytest.raises(ORT_ERRORS, match=match):
+                session(model).run(None, feed)
+            self._still_runs(op, sample, attrs)
+
+    Suite.__name__ = Suite.__qualname__ = f"Test_{case.op}"
+    return Suite
