@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import weakref
 
 import onnx
 import onnxruntime as ort
 
+from ._errors import OpbridgeError
 from ._registry import libraries
 
 # Which op libraries each SessionOptions already has: ONNX Runtime refuses a second
@@ -43,5 +45,87 @@ def session(
         model = model.SerializeToString()
     elif not isinstance(model, bytes):
         model = os.fspath(model)
+    problems = domain_version_problems(opset_imports(model))
+    if problems:
+        raise OpbridgeError(problems[0])
     so = _register_libraries(options) if options is not None else session_options(threads)
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def domain_version_problems(imports: dict[str, int]) -> list[str]:
+    """A model importing a loaded library's ONNX domain at a version the library does not have.
+    ONNX Runtime cannot tell (it serves any version of a custom domain with the ops it has), so
+    the model would run with the older version's semantics."""
+    out = []
+    for lib in libraries():
+        version = imports.get(lib.onnx_domain)
+        if version is not None and not 1 <= version <= lib.onnx_domain_version:
+            out.append(f"the model imports ONNX domain '{lib.onnx_domain}' version {version}; op library "
+                       f"'{lib.name}' provides versions 1 to {lib.onnx_domain_version}: export the model again "
+                       "with this library, or load the library version the model was made with")
+    return out
+
+
+def opset_imports(model: str | bytes) -> dict[str, int]:
+    """The model's opset imports {domain: version}, read from the serialized ModelProto without
+    parsing the graph or the weights (a file is mapped, not read)."""
+    if isinstance(model, bytes):
+        return _scan_opset_imports(memoryview(model))
+    with open(model, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return {}
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            view = memoryview(m)
+            try:
+                return _scan_opset_imports(view)
+            finally:
+                view.release()
+
+
+def _varint(buf, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= len(buf):
+            raise ValueError("truncated varint")
+        b = buf[i]
+        value |= (b & 0x7F) << shift
+        i, shift = i + 1, shift + 7
+        if not b & 0x80:
+            return value, i
+
+
+def _fields(buf):
+    """(field number, wire type, value) of a protobuf message; length-delimited values as views."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            value, i = buf[i:i + n], i + n
+        elif wire in (1, 5):
+            value, i = None, i + (8 if wire == 1 else 4)
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        yield field, wire, value
+
+
+def _scan_opset_imports(buf) -> dict[str, int]:
+    # ModelProto.opset_import = 8; OperatorSetIdProto: domain = 1, version = 2.
+    out: dict[str, int] = {}
+    try:
+        for field, wire, value in _fields(buf):
+            if field != 8 or wire != 2:
+                continue
+            domain, version = "", 1
+            for f, w, v in _fields(value):
+                if f == 1 and w == 2:
+                    domain = bytes(v).decode("utf-8", "replace")
+                elif f == 2 and w == 0:
+                    version = v
+            out["" if domain == "ai.onnx" else domain] = version
+    except ValueError:
+        return {}  # not a well-formed model: ONNX Runtime reports that itself
+    return out
