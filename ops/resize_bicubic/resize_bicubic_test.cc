@@ -54,15 +54,6 @@ TEST(ResizeBicubicKernel, RejectsBadScales) {
   EXPECT_THROW(run("resize_bicubic", {x, Tensor::of<float>({4}, {2, 1, 2, 2})}), Error);      // batch scale
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(ResizeBicubicKernel, EmptyBatchBuildsNothingForAHugeScale) {
   // No image to resize: the output is empty at once, without tables sized by the scale.
   Tensor x = Tensor::random<float>({0, 3, 4, 4}, 1);

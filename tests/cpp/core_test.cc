@@ -9,6 +9,8 @@
 #include "opbridge/op.h"
 #include "opbridge/shape_infer.h"
 
+using opbridge::testing::error_of;
+
 namespace opbridge {
 namespace {
 
@@ -27,15 +29,6 @@ OpSpec conv_like() {
                      .output("y", "T", shape::dims({dim("x", 0), dim_of_first({"w", "x"}, 1), (dim("x", 2) - attr("k")) / attr_at("stride", 0) + 1}), "out")
                      .check(dim("x", 1) == 3, "x must have 3 channels")
                      .cpu(noop_kernel));
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(Registry, BuiltinOpsAreValidAndComplete) {

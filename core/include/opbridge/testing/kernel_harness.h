@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -120,6 +121,17 @@ inline std::vector<Tensor> run(const std::string& name, const std::vector<std::o
   std::vector<TensorView> views = run_kernel(*op, inputs, attrs, host);
   for (size_t i = 0; i < views.size(); ++i) host.outputs[i].view = views[i];
   return std::move(host.outputs);
+}
+
+// The message of the opbridge::Error that f throws, or "" when it throws none: for tests that
+// assert an op's error in its own words.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Row-major index -> offset into a tensor of `in_shape` broadcast to `out_shape`.
