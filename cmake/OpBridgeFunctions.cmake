@@ -57,9 +57,12 @@ OPBRIDGE_LIBRARY(\"${name}\", \"${ARG_TORCH_NAMESPACE}\", \"${ARG_ONNX_DOMAIN}\"
   file(WRITE ${dir}/torch.map "{ global: opbridge_manifest_json; local: *; };\n")
   file(WRITE ${dir}/ort.map "{ global: RegisterCustomOps; local: *; };\n")
 
-  add_library(${name}_torch SHARED $<TARGET_OBJECTS:${name}_ops>)
-  target_link_libraries(${name}_torch PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,opbridge::torch_adapter>" opbridge::core)
-  target_link_options(${name}_torch PRIVATE "-Wl,--version-script=${dir}/torch.map")
+  # Without the torch adapter (a build with OPBRIDGE_WITH_TORCH=OFF) only the ORT library is built.
+  if(TARGET opbridge::torch_adapter)
+    add_library(${name}_torch SHARED $<TARGET_OBJECTS:${name}_ops>)
+    target_link_libraries(${name}_torch PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,opbridge::torch_adapter>" opbridge::core)
+    target_link_options(${name}_torch PRIVATE "-Wl,--version-script=${dir}/torch.map")
+  endif()
 
   # The ORT library must not depend on libonnxruntime: --no-undefined proves it at link time.
   add_library(${name}_ort SHARED $<TARGET_OBJECTS:${name}_ops>)
