@@ -9,11 +9,12 @@
 #
 #   scripts/sanitize.sh [--cases N] [--seed S] [--jobs J] [--timeout-ms T] [--setup]
 #
-# --cases: fuzz cases (default 4000, about 2 minutes on 2 cores); --seed: the campaign seed
-# (default: today's date, so a day's runs agree and days differ; a failure prints its own
-# one-line repro); --jobs: fuzz worker processes (default: the number of cores); --setup: run
-# scripts/setup.sh first (a clean clone needs it once, for .venv-free tools it is enough to have
-# the Debian packages and third_party/onnxruntime it installs).
+# --cases: fuzz cases (default 4000); --seed: the campaign seed (default: today's date, so a
+# day's runs agree and days differ; every failure prints its own one-line repro); --jobs: fuzz
+# worker processes (default: the number of cores); --timeout-ms: per fuzz case (default 20000);
+# --setup: run scripts/setup.sh first (a clean clone needs it once: the Debian packages and
+# third_party/onnxruntime; PyTorch and .venv are not used here).
+# Failures listed in tests/fuzz/known_defects.txt are reported but do not fail the run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
     --jobs) jobs=$2; shift 2 ;;
     --timeout-ms) timeout_ms=$2; shift 2 ;;
     --setup) scripts/setup.sh; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "sanitize.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
