@@ -83,7 +83,7 @@ say "opbridge-run on saved fuzz models"
 n=0
 for m in $(ls "$models" | sort | awk -F- '!seen[$1]++' | head -20); do
   set +e
-  out=$(build-sanitize/tools/opbridge-run "$models/$m" --random --repeat 2 --threads 2 2>&1)
+  out=$(ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" build-sanitize/tools/opbridge-run "$models/$m" --random --repeat 2 --threads 2 2>&1)
   rc=$?
   set -e
   if [ $rc -ne 0 ] && [ $rc -ne 1 ]; then

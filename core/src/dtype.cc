@@ -2,6 +2,9 @@
 
 #include "opbridge/tensor_view.h"
 
+#include <algorithm>
+#include <limits>
+
 namespace opbridge {
 
 std::string_view dtype_name(DType t) {
@@ -52,8 +55,15 @@ void TensorView::check_type(DType t) const {
 }
 
 Shape contiguous_strides(const Shape& shape) {
+  // An empty tensor may have dimensions whose product exceeds int64; its strides are never used
+  // to address memory, so they saturate instead of overflowing. A non-empty tensor's product
+  // fits (its bytes were allocated).
   Shape s(shape.size(), 1);
-  for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * std::max<int64_t>(shape[i], 1);
+  for (size_t i = shape.size(); i-- > 1;) {
+    int64_t next = 0;
+    if (__builtin_mul_overflow(s[i], std::max<int64_t>(shape[i], 1), &next)) next = std::numeric_limits<int64_t>::max();
+    s[i - 1] = next;
+  }
   return s;
 }
 

@@ -57,6 +57,13 @@ void check_at_least(const char* name, std::pair<int64_t, int64_t> v, int64_t min
            ", ", v.second, "]");
 }
 
+// Products of sizes of tensors that may be empty (a huge kernel or output of zero channels) do not
+// fit in int64; they are only used when the tensors they describe have data, and then they fit.
+int64_t saturating_mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
+}
+
 // What the spec's dimension checks cannot say: the ranges of padding, dilation and the groups,
 // divisibility by the groups, the mask's channel count (an absent mask falls back to no input
 // with that many channels), the kernel and output sizes.
@@ -79,18 +86,18 @@ Geometry geometry(const KernelContext& ctx, const TensorView& input, const Tenso
   OB_CHECK(g.c_in % g.offset_groups == 0, "input channels (", g.c_in, ") must be divisible by offset_groups (",
            g.offset_groups, ")");
   OB_CHECK(g.kh >= 1 && g.kw >= 1, "kernel size (weight.shape[2:]) must be positive, got ", g.kh, "x", g.kw);
-  g.kk = g.kh * g.kw;
+  g.kk = saturating_mul(g.kh, g.kw);
   if (mask)
-    OB_CHECK(mask->dim(1) == g.offset_groups * g.kk, "mask must have offset_groups*kh*kw = ", g.offset_groups * g.kk,
-             " channels, got ", mask->dim(1));
+    OB_CHECK(mask->dim(1) == saturating_mul(g.offset_groups, g.kk), "mask must have offset_groups*kh*kw = ",
+             saturating_mul(g.offset_groups, g.kk), " channels, got ", mask->dim(1));
   g.h_out = out.dim(2), g.w_out = out.dim(3);
   OB_CHECK(g.h_out > 0 && g.w_out > 0, "output size would be ", g.h_out, "x", g.w_out,
            ": the input (with padding) is smaller than the dilated kernel");
   g.cg = g.c_in / g.groups;
   g.mg = g.c_out / g.groups;
   g.cog = g.c_in / g.offset_groups;
-  g.kg = g.cg * g.kk;
-  g.pixels = g.h_out * g.w_out;
+  g.kg = saturating_mul(g.cg, g.kk);
+  g.pixels = saturating_mul(g.h_out, g.w_out);
   return g;
 }
 
@@ -248,8 +255,9 @@ void deform_conv2d_typed(KernelContext& ctx, const Geometry& g, const TensorView
   }
 }
 
-// No input channels: every output pixel is its channel's bias (or 0), with no sampling, however
-// large the (empty) input image is.
+// An empty input (no channels, or an image with no rows or columns): every sample reads the zero
+// border, so every output pixel is its channel's bias (or 0), with no sampling and no padded copy
+// of the image, however large its other dimension is.
 template <typename T>
 void fill_bias(KernelContext& ctx, const Geometry& g, const TensorView* bias_v, TensorView& out_v) {
   const T* bias = bias_v ? bias_v->data_as<T>() : nullptr;
@@ -273,7 +281,7 @@ void deform_conv2d_kernel(KernelContext& ctx) {
   if (out.numel() == 0) return;
   visit_dtype<float, double>(out.dtype, [&](auto zero) {
     using T = decltype(zero);
-    if (g.c_in == 0) return fill_bias<T>(ctx, g, bias, out);
+    if (input.numel() == 0) return fill_bias<T>(ctx, g, bias, out);
     deform_conv2d_typed<T>(ctx, g, input, weight, offset, bias, mask, out);
   });
 }

@@ -245,6 +245,32 @@ TEST(DeformConv2dKernel, NoInputChannelsReturnAtOnceWhateverTheImageSize) {
   EXPECT_EQ(y.values<float>(), (std::vector<float>{1.5f, -2.0f}));
 }
 
+TEST(DeformConv2dKernel, EmptyImageIsAllZeroBorderWhateverItsWidth) {
+  // Channels but no rows, 2^40 columns strided to two output columns: every sample is outside
+  // the image, so the output is the bias, with no padded copy of the (empty) image.
+  const int64_t wide = int64_t{1} << 40;
+  Tensor input = Tensor::of<float>({1, 1, 0, wide}, {});
+  Tensor weight = Tensor::of<float>({2, 1, 1, 7}, std::vector<float>(14, 1.0f));
+  Tensor offset = Tensor::of<float>({1, 14, 4, 2}, std::vector<float>(112, 0.25f));
+  Tensor bias = Tensor::of<float>({2}, {0.5f, -1.0f});
+  std::map<std::string, AttrValue> attrs{{"stride", std::vector<int64_t>{1, wide}}, {"padding", std::vector<int64_t>{2, 4}}};
+  Tensor y = run("deform_conv2d", {input, weight, offset, bias}, attrs)[0];
+  ASSERT_EQ(y.view.shape, (Shape{1, 2, 4, 2}));
+  auto got = y.values<float>();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], i < 8 ? 0.5f : -1.0f);
+}
+
+TEST(DeformConv2dKernel, EmptyBatchWithSizesWhoseProductsOverflow) {
+  // No images; the output's rows times columns, and the dilated kernel, exceed int64.
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  Tensor input = Tensor::of<double>({0, 3, 2, huge}, {});
+  Tensor weight = Tensor::of<double>({1, 3, 1, 4}, std::vector<double>(12, 1.0));
+  Tensor offset = Tensor::of<double>({0, 8, 2, huge - 3}, {});
+  std::map<std::string, AttrValue> attrs{{"dilation", std::vector<int64_t>{huge, 1}}};
+  Tensor y = run("deform_conv2d", {input, weight, offset}, attrs)[0];
+  EXPECT_EQ(y.view.shape, (Shape{0, 1, 2, huge - 3}));
+}
+
 void expect_error(const Config& cf, const std::string& what, const std::function<void(Inputs&)>& edit = {}) {
   Inputs in = make_inputs<float>(cf, 3);
   if (edit) edit(in);

@@ -117,6 +117,16 @@ TEST(Types, ResolveAndReject) {
   EXPECT_NE(error_of([&] { resolve_types(op, {DType::Float32, DType::Float64}); }).find("must have the same dtype"), std::string::npos);
 }
 
+TEST(Strides, RowMajorAndSaturatingForEmptyTensorsWithHugeDims) {
+  EXPECT_EQ(contiguous_strides({2, 3, 4}), (Shape{12, 4, 1}));
+  EXPECT_EQ(contiguous_strides({2, 0, 4}), (Shape{4, 4, 1}));
+  // An empty tensor may declare dimensions whose product is beyond int64 (ONNX Runtime accepts
+  // such shapes); the strides saturate rather than overflow.
+  const int64_t huge = INT64_MAX;
+  EXPECT_EQ(contiguous_strides({0, huge, 2, 2}), (Shape{INT64_MAX, 4, 2, 1}));
+  EXPECT_EQ(contiguous_strides({huge, huge, 0}), (Shape{INT64_MAX, 1, 1}));
+}
+
 TEST(Names, CamelCase) {
   EXPECT_EQ(camel_case("knn_query"), "KnnQuery");
   EXPECT_EQ(camel_case("foo"), "Foo");

@@ -357,10 +357,55 @@ class Generator {
       if (shape_[i].size() >= 2) ax.push_back({i, a});
     if (ax.empty()) return;
     auto [i, a] = r_.pick(ax);
-    shape_[i][a] = r_.pick(kHugeDims);
+    const int64_t huge = r_.pick(kHugeDims);
+    shape_[i][a] = huge;
     notes_.push_back("huge(" + op_.inputs[i].name + ")");
+    // Often an integer attribute too (a stride, a size): huge sizes that cancel each other in a
+    // shape rule give small outputs from huge, empty inputs.
+    // Preferably one the shape rules combine with this dimension.
+    std::vector<std::pair<std::string, int64_t>> related = related_attrs(op_.inputs[i].name, static_cast<int64_t>(a)), any;
+    for (const AttrSpec& s : op_.attrs)
+      if (s.kind == AttrKind::Int || s.kind == AttrKind::Ints) any.push_back({s.name, -1});
+    if (!any.empty() && r_.chance(0.5)) {
+      auto [name, index] = !related.empty() && r_.chance(0.7) ? r_.pick(related) : r_.pick(any);
+      AttrValue v = resolved_attrs()[static_cast<size_t>(op_.attr_index(name))];
+      if (auto* n = std::get_if<int64_t>(&v)) *n = huge;
+      if (auto* l = std::get_if<std::vector<int64_t>>(&v); l && !l->empty()) {
+        if (index < 0 || index >= static_cast<int64_t>(l->size())) index = r_.range(0, static_cast<int64_t>(l->size()) - 1);
+        (*l)[static_cast<size_t>(index)] = huge;
+      }
+      attrs_[name] = v;
+      notes_.push_back("huge(" + name + ")");
+    }
     size_t other = (a + 1 + static_cast<size_t>(r_.range(0, static_cast<int64_t>(shape_[i].size()) - 2))) % shape_[i].size();
     shape_[i][other] = 0;
+  }
+
+  // The integer attributes (and list elements) that an output's shape expression combines with
+  // dimension `axis` of `input`.
+  std::vector<std::pair<std::string, int64_t>> related_attrs(const std::string& input, int64_t axis) const {
+    std::vector<std::pair<std::string, int64_t>> out;
+    for (const OutputSpec& o : op_.outputs)
+      for (const DimExpr& e : o.shape.dims) {
+        bool has_dim = false;
+        std::vector<std::pair<std::string, int64_t>> attrs;
+        walk(e, [&](const DimNode& n) {
+          if (n.kind == DimNode::Kind::Dim && n.value == axis &&
+              std::find(n.inputs.begin(), n.inputs.end(), input) != n.inputs.end())
+            has_dim = true;
+          if (n.kind == DimNode::Kind::Attr) attrs.push_back({n.attr, -1});
+          if (n.kind == DimNode::Kind::AttrAt) attrs.push_back({n.attr, n.value});
+        });
+        if (has_dim) out.insert(out.end(), attrs.begin(), attrs.end());
+      }
+    return out;
+  }
+  template <typename F>
+  static void walk(const DimExpr& e, F&& f) {
+    if (!e.node) return;
+    f(*e.node);
+    walk(e.node->lhs, f);
+    walk(e.node->rhs, f);
   }
 
   // Makes the spec's dimension checks hold where a check names one input dimension or attribute
