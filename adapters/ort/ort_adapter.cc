@@ -4,12 +4,15 @@
 // knows every output dtype and rejects a wrong dtype when the session is created.
 //
 // Built against ONNX Runtime's C API headers only and never linked with libonnxruntime: the API
-// table comes from RegisterCustomOps, so the library loads into any runtime at least as new as
-// its headers. Kernels are immutable after creation: one session may run on many threads.
+// table comes from RegisterCustomOps, negotiated with the runtime (see "the API version"), so the
+// library loads into ONNX Runtime 1.17 and every newer release, including runtimes older than its
+// headers. Kernels are immutable after creation: one session may run on many threads.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_c_api.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -24,7 +27,49 @@
 namespace opbridge {
 namespace {
 
+// ---- the API version ------------------------------------------------------------------------
+// OrtApi only grows: version N is the table of ONNX Runtime 1.N, and a runtime serves every
+// version up to its own. The adapter asks for the newest it was built with and settles for the
+// runtime's, down to the oldest it needs, and calls no entry newer than the version it got.
+// Entries used, with the version that added them:
+//   1   statuses, custom-op domains, tensor type/shape/data, KernelInfoGetAttribute_{int64,float,string},
+//       KernelContext_{GetInputCount,GetInput,GetOutput}, GetAllocatorWithDefaultOptions, releases
+//   8   KernelInfoGetAttributeArray_{int64,float}
+//   14  KernelInfo_GetInputCount, KernelInfo_GetInputTypeInfo
+//   15  KernelInfo_GetNodeName
+//   17  KernelContext_ParallelFor (the floor: kernels run on the session's thread pool)
+//   25  KernelInfoGetAttributeArray_string (optional: see string_list_size)
+// A runtime reads the OrtCustomOp fields of the op's version: those set here are all within the
+// floor (GetInputMemoryType 13, variadic arity 14, CreateKernelV2/KernelComputeV2 16,
+// GetStartVersion/GetEndVersion 17).
+constexpr uint32_t kMinApiVersion = 17;
+constexpr uint32_t kStringListApiVersion = 25;
+static_assert(ORT_API_VERSION >= kStringListApiVersion, "build against ONNX Runtime 1.25 headers or newer");
+
 const OrtApi* g_api = nullptr;
+uint32_t g_api_version = 0;  // the version g_api was obtained with
+
+// The API version a runtime's version string names ("1.20.1" -> 20; 0 when it names none).
+// ONNX Runtime prints an error line for every GetApi version it lacks, so the search starts here.
+uint32_t api_version_of(const char* version) {
+  unsigned major = 0, minor = 0;
+  if (!version || std::sscanf(version, "%u.%u", &major, &minor) != 2) return 0;
+  return major == 1 ? minor : 0;
+}
+
+struct ApiTable {
+  const OrtApi* api = nullptr;  // nullptr: the runtime is older than the floor
+  uint32_t version = 0;
+};
+
+// The newest OrtApi both the runtime and this library have.
+ApiTable negotiate(const OrtApiBase* base) {
+  uint32_t v = ORT_API_VERSION;
+  if (uint32_t runtime = api_version_of(base->GetVersionString())) v = std::min(v, runtime);
+  for (; v >= kMinApiVersion; --v)
+    if (const OrtApi* api = base->GetApi(v)) return {api, v};
+  return {};
+}
 
 // An OrtStatus turned into an exception, so API failures unwind like kernel errors.
 struct OrtFailure : std::runtime_error {
@@ -82,8 +127,10 @@ struct Found {
   std::string_view kind;  // for messages: "int", "float", "str", "int[]", "float[]", "an empty list"
 };
 
-// The length of a list-of-strings attribute (0 when it is none).
+// The length of a list-of-strings attribute (0 when it is none). Runtimes before 1.25 cannot read
+// one: there a list of strings looks like an empty list (documented in docs/architecture.md).
 size_t string_list_size(const OrtKernelInfo* info, const char* name) {
+  if (g_api_version < kStringListApiVersion) return 0;
   OrtAllocator* alloc = nullptr;
   check(g_api->GetAllocatorWithDefaultOptions(&alloc));
   size_t n = 0;
@@ -309,7 +356,9 @@ OrtStatus* ORT_API_CALL compute_kernel(void* kernel, OrtKernelContext* ctx) {
 
 void fill_table(CustomOp& c) {
   std::memset(static_cast<OrtCustomOp*>(&c), 0, sizeof(OrtCustomOp));
-  c.version = ORT_API_VERSION;
+  // A runtime refuses a custom op of a newer version than its own, and reads only the fields its
+  // version had: the negotiated version, not the headers'.
+  c.version = g_api_version;
   c.GetName = [](const OrtCustomOp* op) { return self(op).spec->export_as.onnx_name.c_str(); };
   c.GetExecutionProviderType = [](const OrtCustomOp*) -> const char* { return "CPUExecutionProvider"; };
   c.GetInputTypeCount = [](const OrtCustomOp* op) { return self(op).input_types.size(); };
@@ -429,18 +478,24 @@ Domain& domain() {
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   using namespace opbridge;
-  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
-  if (!api) {
-    // The runtime predates our headers. Its oldest API can still carry the message.
-    const OrtApi* old = api_base->GetApi(1);
-    std::string msg = std::string("opbridge library '") + this_library().name + "' was built against ONNX Runtime API " +
-                      std::to_string(ORT_API_VERSION) + " (ONNX Runtime 1." + std::to_string(ORT_API_VERSION) +
-                      ") but is loaded into ONNX Runtime " + api_base->GetVersionString() + "; use 1." +
-                      std::to_string(ORT_API_VERSION) + " or newer";
-    return old ? old->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
+  const ApiTable got = negotiate(api_base);
+  if (!got.api) {
+    // Below the floor. Every runtime still serves API 1, which can carry the message.
+    std::string msg = std::string("opbridge library '") + this_library().name + "' (lib" + this_library().name +
+                      "_ort.so) needs ONNX Runtime 1." + std::to_string(kMinApiVersion) + " or newer (C API version " +
+                      std::to_string(kMinApiVersion) + "), but is loaded into ONNX Runtime " +
+                      api_base->GetVersionString();
+    if (const OrtApi* old = api_base->GetApi(1)) return old->CreateStatus(ORT_FAIL, msg.c_str());
+    std::fprintf(stderr, "%s\n", msg.c_str());
+    return nullptr;
   }
+  // One process has one runtime: the first registration decides (the custom ops carry its version).
   static std::once_flag once;
-  std::call_once(once, [&] { g_api = api; });
+  std::call_once(once, [&] {
+    g_api = got.api;
+    g_api_version = got.version;
+  });
+  const OrtApi* api = got.api;
   if (!registry().errors().empty())
     return api->CreateStatus(ORT_FAIL, ("opbridge: invalid op definitions: " + registry().errors().front()).c_str());
   try {

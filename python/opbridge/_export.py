@@ -62,6 +62,9 @@ def export(
     from opset 19) use it when the opset allows; custom_nodes=True keeps opbridge's own custom
     nodes instead, for runtimes that lack the standard op. Ops exported as ONNX functions get
     their FunctionProto added to the model.
+
+    The model gets the lowest IR version its opset imports need, so `opset` alone decides which
+    runtimes can load it (e.g. opset 20 or lower for ONNX Runtime 1.17).
     """
     if exporter not in EXPORTERS:
         raise OpbridgeError(f"exporter must be one of {', '.join(EXPORTERS)}, got '{exporter}'")
@@ -103,6 +106,7 @@ def export(
                               input_names=names, output_names=outs, dynamic_axes=dynamic_axes, verbose=verbose)
         proto = onnx.load_from_string(buf.getvalue())
     add_functions(proto)
+    _lowest_ir_version(proto)
     if dynamic_axes:
         _check_dynamic(proto, dynamic_axes)
     if check:
@@ -110,6 +114,15 @@ def export(
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
+
+
+def _lowest_ir_version(proto: onnx.ModelProto) -> None:
+    """Lowers the model's IR version to the lowest its opset imports need (ONNX's own table): the
+    dynamo exporter writes its newest IR version (10 at opset 20), which runtimes that run opset
+    20 may refuse (ONNX Runtime 1.17 reads IR 9 at most). Fields a newer IR version added (node
+    metadata) are unknown to such runtimes and ignored; the checker still judges the model."""
+    needed = onnx.helper.find_min_ir_version_for(list(proto.opset_import), ignore_unknown=True)
+    proto.ir_version = min(proto.ir_version, needed)
 
 
 def _distinct_examples(args: tuple, kwargs: dict | None) -> tuple[tuple, dict | None]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import weakref
 
 import onnx
 import onnxruntime as ort
 
 from ._errors import OpbridgeError
-from ._registry import libraries
+from ._registry import all_ops, libraries
 
 # Which op libraries each SessionOptions already has: ONNX Runtime refuses a second
 # registration of the same domain, and options objects get reused.
@@ -49,7 +50,42 @@ def session(
     if problems:
         raise OpbridgeError(problems[0])
     so = _register_libraries(options) if options is not None else session_options(threads)
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        why = newer_than_runtime(str(e))
+        if why is None:
+            raise
+        raise OpbridgeError(why) from e
+
+
+def newer_than_runtime(message: str) -> str | None:
+    """ONNX Runtime's refusal of a model that needs a newer runtime (IR version, opset, a standard
+    op it has no kernel for), in words that name the feature, both versions and what to export
+    instead; None for any other refusal."""
+    ver = f"ONNX Runtime {ort.__version__}"
+    m = re.search(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)", message)
+    if m:
+        model_ir, most = int(m[1]), int(m[2])
+        opset = max((row[2] for row in onnx.helper.VERSION_TABLE if row[1] <= most), default=None)
+        return (f"the model has IR version {model_ir}; {ver} reads IR version {most} at most: export it with "
+                f"opset={opset} or lower (opbridge.export writes the lowest IR version its opset needs), or use a "
+                "newer onnxruntime")
+    m = re.search(r"Opset (\d+) is under development.*support for domain (\S+) is till opset (\d+)", message, re.S)
+    if m:
+        return (f"the model imports {m[2]} opset {m[1]}; {ver} runs {m[2]} up to opset {m[3]}: export it with "
+                f"opset={m[3]} or lower, or use a newer onnxruntime")
+    m = re.search(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'", message)
+    if m:
+        # A standard op that opbridge writes for ops that have a custom node too.
+        ops = {op.qualified_name: rule.min_opset for op in all_ops() for rule in op.export_rules
+               if rule.standard and rule.op_type == m[1]
+               and (op.has_own_node or any(not r.standard for r in op.export_rules))}
+        if ops:
+            return (f"{ver} has no kernel for ai.onnx {m[1]}-{m[2]} (node '{m[3]}'), which opbridge writes for "
+                    f"{', '.join(f'{name} from opset {v}' for name, v in ops.items())}: export with custom_nodes=True "
+                    f"(or below that opset) to run opbridge's own node instead, or use an onnxruntime that has {m[1]}")
+    return None
 
 
 def domain_version_problems(imports: dict[str, int]) -> list[str]:

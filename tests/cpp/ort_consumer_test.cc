@@ -1,11 +1,15 @@
 // A Python-free consumer: the ONNX Runtime C++ API loads a model exported by opbridge (the demo
 // model, by both exporters), registers libopbridge_ort.so, runs it at several batch sizes and
-// compares with a naive loop of the same math.
+// compares with a naive loop of the same math. Then the same under older runtimes' API tables.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <onnxruntime_cxx_api.h>
 
 #include <cmath>
+#include <cstdint>
+#include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -18,13 +22,12 @@ struct Outputs {
   std::vector<int64_t> shape0, shape1;
 };
 
-Outputs run_model(const std::string& path, const std::vector<float>& x, const std::vector<float>& y, int64_t batch) {
+Ort::Env& env() {
   static Ort::Env env(ORT_LOGGING_LEVEL_WARNING, "opbridge-consumer");
-  Ort::SessionOptions options;
-  options.SetIntraOpNumThreads(2);
-  options.RegisterCustomOpsLibrary(OPBRIDGE_ORT_LIBRARY);
-  Ort::Session session(env, path.c_str(), options);
+  return env;
+}
 
+Outputs run_session(Ort::Session& session, const std::vector<float>& x, const std::vector<float>& y, int64_t batch) {
   auto mem = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
   std::vector<int64_t> shape{batch, kFeatures};
   std::vector<Ort::Value> inputs;
@@ -45,17 +48,28 @@ Outputs run_model(const std::string& path, const std::vector<float>& x, const st
   return r;
 }
 
-class OrtConsumer : public ::testing::TestWithParam<std::string> {};
+Outputs run_model(const std::string& path, const std::vector<float>& x, const std::vector<float>& y, int64_t batch) {
+  Ort::SessionOptions options;
+  options.SetIntraOpNumThreads(2);
+  options.RegisterCustomOpsLibrary(OPBRIDGE_ORT_LIBRARY);
+  Ort::Session session(env(), path.c_str(), options);
+  return run_session(session, x, y, batch);
+}
 
-TEST_P(OrtConsumer, MatchesNaiveLoopAtSeveralBatchSizes) {
-  const std::string path = std::string(OPBRIDGE_MODEL_DIR) + "/demo_" + GetParam() + ".onnx";
+std::string model_path(const std::string& exporter) {
+  return std::string(OPBRIDGE_MODEL_DIR) + "/demo_" + exporter + ".onnx";
+}
+
+// The demo model's math in a plain loop, checked against a run at each batch size.
+template <typename Run>
+void expect_matches_naive_loop(Run run) {
   for (int64_t batch : {1, 3, 16}) {
     std::vector<float> x(batch * kFeatures), y(batch * kFeatures);
     for (size_t i = 0; i < x.size(); ++i) {
       x[i] = std::sin(0.37f * i);
       y[i] = std::cos(0.11f * i) - 0.25f;
     }
-    Outputs r = run_model(path, x, y, batch);
+    Outputs r = run(x, y, batch);
     ASSERT_EQ(r.shape0, (std::vector<int64_t>{batch, kFeatures}));
     ASSERT_EQ(r.shape1, (std::vector<int64_t>{batch, kFeatures}));
     for (size_t i = 0; i < x.size(); ++i) {
@@ -66,8 +80,15 @@ TEST_P(OrtConsumer, MatchesNaiveLoopAtSeveralBatchSizes) {
   }
 }
 
+class OrtConsumer : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OrtConsumer, MatchesNaiveLoopAtSeveralBatchSizes) {
+  const std::string path = model_path(GetParam());
+  expect_matches_naive_loop([&](const auto& x, const auto& y, int64_t batch) { return run_model(path, x, y, batch); });
+}
+
 TEST(OrtConsumerErrors, BadInputShapeIsAFailedStatusNamingTheOp) {
-  const std::string path = std::string(OPBRIDGE_MODEL_DIR) + "/demo_dynamo.onnx";
+  const std::string path = model_path("dynamo");
   std::vector<float> x(2 * kFeatures, 1.f), y(3 * kFeatures, 1.f);
   static Ort::Env env(ORT_LOGGING_LEVEL_FATAL, "opbridge-consumer-errors");
   Ort::SessionOptions options;
@@ -94,29 +115,97 @@ INSTANTIATE_TEST_SUITE_P(BothExporters, OrtConsumer, ::testing::Values("dynamo",
 }  // namespace
 
 // ---- loading into an older ONNX Runtime -------------------------------------------------------
-#include <dlfcn.h>
-
+// The library is handed a fake OrtApiBase that serves the real runtime's API tables only up to a
+// cap and reports the matching version string: the real runtime with an older runtime's table.
 namespace {
 
-// Pretends to be ONNX Runtime 1.20: it refuses API versions above 20 and delegates the rest to
-// the real runtime (whose old API tables are still served).
-const OrtApi* OldGetApi(uint32_t version) noexcept { return version > 20 ? nullptr : OrtGetApiBase()->GetApi(version); }
-const char* OldVersion() noexcept { return "1.20.0"; }
+using Register = OrtStatus* (*)(OrtSessionOptions*, const OrtApiBase*);
 
-TEST(OrtLibraryLoading, OlderRuntimeGetsAMessageNamingBothVersions) {
-  void* handle = dlopen(OPBRIDGE_ORT_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(handle, nullptr) << dlerror();
-  using Register = OrtStatus* (*)(OrtSessionOptions*, const OrtApiBase*);
-  auto reg = reinterpret_cast<Register>(dlsym(handle, "RegisterCustomOps"));
-  ASSERT_NE(reg, nullptr);
-  OrtApiBase old{&OldGetApi, &OldVersion};
-  OrtStatus* status = reg(nullptr, &old);
-  ASSERT_NE(status, nullptr);
+struct FakeRuntime {
+  uint32_t cap;
+  std::string version;
+  std::vector<uint32_t> asked;  // every version GetApi was asked for, in order
+};
+FakeRuntime* g_fake = nullptr;  // the runtime the fake OrtApiBase below answers for
+
+const OrtApi* FakeGetApi(uint32_t version) noexcept {
+  g_fake->asked.push_back(version);
+  return version > g_fake->cap ? nullptr : OrtGetApiBase()->GetApi(version);
+}
+const char* FakeVersion() noexcept { return g_fake->version.c_str(); }
+const OrtApiBase kFakeBase{&FakeGetApi, &FakeVersion};
+
+// A private copy of the library, loaded on its own: the API version is negotiated once per loaded
+// library (one process has one runtime), so each fake runtime gets a fresh one.
+Register load_copy(const std::string& tag) {
+  const std::filesystem::path copy = std::filesystem::path(::testing::TempDir()) / ("libopbridge_ort_" + tag + ".so");
+  std::filesystem::copy_file(OPBRIDGE_ORT_LIBRARY, copy, std::filesystem::copy_options::overwrite_existing);
+  void* handle = dlopen(copy.c_str(), RTLD_NOW | RTLD_LOCAL);  // kept open: sessions use its ops
+  if (!handle) return nullptr;
+  return reinterpret_cast<Register>(dlsym(handle, "RegisterCustomOps"));
+}
+
+std::string take_message(OrtStatus* status) {
   const OrtApi* api = OrtGetApiBase()->GetApi(ORT_API_VERSION);
   std::string msg = api->GetErrorMessage(status);
   api->ReleaseStatus(status);
-  EXPECT_NE(msg.find("1.29"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("1.20.0"), std::string::npos) << msg;
+  return msg;
+}
+
+TEST(OrtLibraryLoading, RuntimeBelowTheFloorGetsOneMessage) {
+  Register reg = load_copy("below_floor");
+  ASSERT_NE(reg, nullptr) << dlerror();
+  FakeRuntime fake{16, "1.16.3", {}};
+  g_fake = &fake;
+  OrtStatus* status = reg(nullptr, &kFakeBase);
+  ASSERT_NE(status, nullptr);
+  const std::string msg = take_message(status);
+  EXPECT_EQ(msg,
+            "opbridge library 'opbridge' (libopbridge_ort.so) needs ONNX Runtime 1.17 or newer (C API version 17), "
+            "but is loaded into ONNX Runtime 1.16.3");
+  // Nothing above the runtime's own version was asked for (ONNX Runtime prints an error line for
+  // each); API 1 carried the message.
+  EXPECT_EQ(fake.asked, (std::vector<uint32_t>{1}));
+}
+
+// (API cap, exporter of the demo model)
+class OlderRuntime : public ::testing::TestWithParam<std::tuple<uint32_t, std::string>> {};
+
+TEST_P(OlderRuntime, RegistersAndRunsTheModelWithTheCappedTable) {
+  const auto& [cap, exporter] = GetParam();
+  Register reg = load_copy("cap" + std::to_string(cap) + "_" + exporter);
+  ASSERT_NE(reg, nullptr) << dlerror();
+  FakeRuntime fake{cap, "1." + std::to_string(cap) + ".2", {}};
+  g_fake = &fake;
+  Ort::SessionOptions options;
+  options.SetIntraOpNumThreads(2);  // parallel_for through KernelContext_ParallelFor
+  OrtStatus* status = reg(options, &kFakeBase);
+  ASSERT_EQ(status, nullptr) << take_message(status);
+  // The version string names the runtime's API: asked once, for exactly that version.
+  EXPECT_EQ(fake.asked, (std::vector<uint32_t>{cap}));
+  Ort::Session session(env(), model_path(exporter).c_str(), options);
+  expect_matches_naive_loop([&](const auto& x, const auto& y, int64_t batch) { return run_session(session, x, y, batch); });
+}
+
+INSTANTIATE_TEST_SUITE_P(Caps, OlderRuntime,
+                         ::testing::Combine(::testing::Values(17u, 20u, 22u), ::testing::Values("dynamo", "torchscript")),
+                         [](const auto& info) {
+                           return "api" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+                         });
+
+TEST(OrtLibraryLoading, RuntimeWithoutAVersionNumberIsProbedDownward) {
+  Register reg = load_copy("unnumbered");
+  ASSERT_NE(reg, nullptr) << dlerror();
+  FakeRuntime fake{20, "custom-build", {}};
+  g_fake = &fake;
+  Ort::SessionOptions options;
+  OrtStatus* status = reg(options, &kFakeBase);
+  ASSERT_EQ(status, nullptr) << take_message(status);
+  std::vector<uint32_t> expected;
+  for (uint32_t v = ORT_API_VERSION; v >= 20; --v) expected.push_back(v);
+  EXPECT_EQ(fake.asked, expected);
+  Ort::Session session(env(), model_path("dynamo").c_str(), options);
+  expect_matches_naive_loop([&](const auto& x, const auto& y, int64_t batch) { return run_session(session, x, y, batch); });
 }
 
 TEST(OrtLibraryLoading, ExportsOnlyRegisterCustomOps) {

@@ -1,0 +1,332 @@
+"""The ONNX Runtime compatibility matrix: libopbridge_ort.so in ONNX Runtime 1.17 (the floor),
+1.20, 1.22 and the pinned version, each in a throwaway environment holding only onnxruntime and
+numpy (made here with pip from PyPI, cached between runs), running the demo and the catalogue
+models exported by this environment and compared with PyTorch eager outputs saved beforehand.
+
+The environments live in $OPBRIDGE_ORT_ENVS, else ~/.cache/opbridge/ort-envs (one per runtime
+and Python version); delete the folder to make them again. Without them and without PyPI the
+matrix skips, saying so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import opbridge
+from opbridge._session import newer_than_runtime
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER = Path(__file__).with_name("ort_versions_runner.py")
+sys.path.insert(0, str(ROOT / "examples"))
+import demo  # noqa: E402  (examples/demo.py)
+
+
+def _pinned(package: str) -> str:
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        m = re.match(rf"{package}==([\w.]+)", line.strip())
+        if m:
+            return m.group(1)
+    raise AssertionError(f"requirements.txt pins no {package}")
+
+
+PINNED = _pinned("onnxruntime")
+# The floor (the adapter's oldest C API), two releases Triton images carry, and the pinned one.
+# onnxruntime wheels before 1.19 were built against numpy 1.
+RUNTIMES = {"1.17.3": "numpy<2", "1.20.1": "numpy==" + _pinned("numpy"), "1.22.1": "numpy==" + _pinned("numpy"),
+            PINNED: "numpy==" + _pinned("numpy")}
+# ai.onnx DeformConv has a CPU kernel from ONNX Runtime 1.25.0 on (1.24.4 has none); for older
+# runtimes a model is exported with custom_nodes=True (opbridge's own DeformConv2d node) or below
+# opset 19.
+DEFORMCONV_SINCE = (1, 25)
+# KernelInfoGetAttributeArray_string (C API 25): below it a list of strings reads as an empty list.
+STRING_LISTS_SINCE = (1, 25)
+
+
+def _version(v: str) -> tuple[int, int]:
+    major, minor = v.split(".")[:2]
+    return int(major), int(minor)
+
+
+# ---- the throwaway environments ---------------------------------------------------------------
+def _envs_dir() -> Path:
+    env = os.environ.get("OPBRIDGE_ORT_ENVS")
+    if env:
+        return Path(env)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "opbridge" / "ort-envs"
+
+
+def _index_url() -> str:
+    r = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True,
+                       text=True)
+    return os.environ.get("PIP_INDEX_URL") or (r.stdout.strip() if r.returncode == 0 else "") or \
+        "https://pypi.org/simple/"
+
+
+@functools.lru_cache(maxsize=None)
+def _unreachable(url: str) -> str | None:
+    """Why the package index cannot be reached, or None when it answers."""
+    try:
+        urllib.request.urlopen(url.rstrip("/") + "/onnxruntime/", timeout=15).close()
+    except OSError as e:  # URLError, timeouts, refused connections
+        return str(getattr(e, "reason", e))
+    return None
+
+
+def runtime_python(version: str) -> Path:
+    """The python of an environment with onnxruntime==version (made once, then reused)."""
+    py = f"py{sys.version_info.major}{sys.version_info.minor}"
+    home = _envs_dir() / f"{py}-onnxruntime-{version}"
+    python = home / "bin" / "python"
+    if (home / "ready").is_file():
+        return python
+    url = _index_url()
+    why = _unreachable(url)
+    if why:
+        pytest.skip(f"the package index {url} is unreachable ({why}): cannot make an environment with "
+                    f"onnxruntime=={version}")
+    # Made beside its final place and renamed, so an interrupted run leaves nothing half made.
+    tmp = home.with_name(home.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True, capture_output=True)
+    r = subprocess.run([str(tmp / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                        f"onnxruntime=={version}", RUNTIMES[version]], capture_output=True, text=True)
+    assert r.returncode == 0, f"pip could not install onnxruntime=={version}:\n{r.stdout}{r.stderr}"
+    (tmp / "ready").write_text(f"onnxruntime=={version} {RUNTIMES[version]}\n")
+    shutil.rmtree(home, ignore_errors=True)
+    tmp.rename(home)
+    return python
+
+
+# ---- the models, their inputs and eager outputs -------------------------------------------------
+DEMO = dict(input_names=["x", "y"], output_names=["out0", "out1"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+CATALOGUE = dict(input_names=demo.CATALOGUE_INPUTS, output_names=["idx", "dist", "cluster", "resized"],
+                 dynamic_axes={"points": {0: "n"}})
+# name -> (which model, export arguments)
+CASES = {
+    # Default opsets (dynamo 20, TorchScript 17): both load into ONNX Runtime 1.17.
+    "demo_dynamo": ("demo", dict(exporter="dynamo", **DEMO)),
+    "demo_torchscript": ("demo", dict(exporter="torchscript", **DEMO)),
+    # deform_conv2d as opbridge's own node: below opset 19, or on request.
+    "catalogue_torchscript": ("catalogue", dict(exporter="torchscript", **CATALOGUE)),
+    "catalogue_dynamo_custom_nodes": ("catalogue", dict(exporter="dynamo", custom_nodes=True, **CATALOGUE)),
+    # deform_conv2d as ai.onnx DeformConv (opset 19 on): only runtimes with that kernel.
+    "catalogue_dynamo": ("catalogue", dict(exporter="dynamo", **CATALOGUE)),
+    # A newer opset than older runtimes have (and IR version 10, which 1.17 lacks).
+    "demo_dynamo_opset22": ("demo", dict(exporter="dynamo", opset=22, **DEMO)),
+}
+TOLERANCE = {"demo": (1e-5, 1e-6), "catalogue": (1e-4, 1e-4)}  # float32 sampling rounds differently
+
+
+def _model_and_inputs(kind: str):
+    if kind == "demo":
+        return demo.DemoModel().eval(), [demo.example_inputs(b, seed=1) for b in (4, 1, 7)]
+    return demo.CatalogueModel().eval(), [demo.catalogue_inputs(n, s, seed=1) for n, s in ((64, 2.0), (200, 1.5))]
+
+
+def _string_list_model() -> onnx.ModelProto:
+    """opbridge::DeformConv2d with a list of strings for its int list attribute 'stride'."""
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+              for n, s in [("input", [1, 1, 4, 4]), ("weight", [1, 1, 3, 3]), ("offset", [1, 18, 2, 2])]]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    node = helper.make_node("DeformConv2d", ["input", "weight", "offset"], ["y"], domain="opbridge", name="n",
+                            stride=["a", "b"])
+    return helper.make_model(helper.make_graph([node], "g", inputs, [y]), ir_version=8,
+                             opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("opbridge", 1)])
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory) -> list[dict]:
+    """Every case exported by this environment, with its inputs and PyTorch eager's outputs saved
+    as .npz, one job per input set."""
+    out = tmp_path_factory.mktemp("ort_versions")
+    found = []
+    for case, (kind, kwargs) in CASES.items():
+        model, inputs = _model_and_inputs(kind)
+        path = out / f"{case}.onnx"
+        opbridge.export(model, inputs[0], path, **kwargs)
+        for i, args in enumerate(inputs):
+            with torch.no_grad():
+                want = model(*args)
+            name = f"{case}#{i}"
+            np.savez(out / f"{name}.inputs.npz", **{n: a.numpy() for n, a in zip(kwargs["input_names"], args)})
+            np.savez(out / f"{name}.eager.npz", **{n: t.numpy() for n, t in zip(kwargs["output_names"], want)})
+            found.append({"name": name, "case": case, "kind": kind, "model": str(path),
+                          "inputs": str(out / f"{name}.inputs.npz"), "eager": str(out / f"{name}.eager.npz")})
+    onnx.save(_string_list_model(), out / "string_list.onnx")
+    np.savez(out / "string_list.inputs.npz", input=np.ones((1, 1, 4, 4), np.float32),
+             weight=np.ones((1, 1, 3, 3), np.float32), offset=np.zeros((1, 18, 2, 2), np.float32))
+    found.append({"name": "string_list", "case": "string_list", "kind": None, "model": str(out / "string_list.onnx"),
+                  "inputs": str(out / "string_list.inputs.npz"), "eager": None})
+    return found
+
+
+@pytest.fixture(scope="module")
+def matrix(jobs, tmp_path_factory):
+    """runtime version -> (the version onnxruntime reports, {job name: error or None}, outputs dir),
+    run on first use: the runner runs every job under that runtime in one process."""
+    done: dict[str, tuple] = {}
+
+    def run(version: str):
+        if version not in done:
+            python = runtime_python(version)
+            out = tmp_path_factory.mktemp(f"onnxruntime-{version}")
+            spec = {"library": str(opbridge.builtin.ort_path),
+                    "jobs": [{"name": j["name"], "model": j["model"], "inputs": j["inputs"],
+                              "outputs": str(out / f"{j['name']}.npz")} for j in jobs]}
+            (out / "jobs.json").write_text(json.dumps(spec))
+            r = subprocess.run([str(python), str(RUNNER), str(out / "jobs.json")], capture_output=True, text=True,
+                               timeout=600, env={**os.environ, "PYTHONPATH": ""})
+            assert r.returncode == 0, f"the runner failed under onnxruntime {version}:\n{r.stdout}{r.stderr}"
+            report = json.loads(r.stdout)
+            done[version] = (report["version"], report["errors"], out, r.stderr)
+        return done[version]
+
+    return run
+
+
+# ---- the matrix ---------------------------------------------------------------------------------
+def expected_refusal(case: str, version: str) -> str | None:
+    """What ONNX Runtime `version` answers a case with: None when it runs it (and must match
+    eager), else a pattern its refusal matches."""
+    v = _version(version)
+    if case == "catalogue_dynamo" and v < DEFORMCONV_SINCE:
+        return r"Could not find an implementation for DeformConv\(19\) node"
+    if case == "demo_dynamo_opset22" and v < (1, 18):
+        return r"Unsupported model IR version: 10, max supported IR version: 9"
+    if case == "demo_dynamo_opset22" and v < (1, 21):
+        return r"Opset 22 is under development.*is till opset 21"
+    if case == "string_list":
+        if v >= STRING_LISTS_SINCE:
+            return r"opbridge::deform_conv2d \(node 'n'\): attribute 'stride' must be int\[\], got str\[\]"
+        # Below it the list reads as an empty one, which this op's own check refuses when it runs.
+        return r"opbridge::deform_conv2d \(node 'n'\): attribute 'stride' needs at least 1 values, got 0"
+    return None
+
+
+# What opbridge.session() says instead of these refusals (ONNX Runtime's words differ by release).
+EXPLAINED = {"catalogue_dynamo": "export with custom_nodes=True", "demo_dynamo_opset22": "or lower"}
+
+
+@pytest.mark.parametrize("version", RUNTIMES)
+def test_library_registers_in_the_runtime_asked_for(matrix, version):
+    reported, errors, _, stderr = matrix(version)
+    assert reported == version
+    # The library asks for no API version the runtime lacks (ONNX Runtime prints a line for each).
+    assert "requested API version" not in stderr, stderr
+
+
+@pytest.mark.parametrize("case", [*CASES, "string_list"])
+@pytest.mark.parametrize("version", RUNTIMES)
+def test_runtime_matches_eager_or_refuses_as_expected(matrix, jobs, version, case):
+    _, errors, out, _ = matrix(version)
+    refusal = expected_refusal(case, version)
+    for job in (j for j in jobs if j["case"] == case):
+        error = errors[job["name"]]
+        if refusal is not None:
+            assert error is not None and re.search(refusal, error, re.S), \
+                f"{job['name']} under onnxruntime {version}: expected a refusal matching {refusal!r}, got {error!r}"
+            if case in EXPLAINED:  # opbridge.session() would say what to export instead
+                assert EXPLAINED[case] in (newer_than_runtime(error) or ""), error
+            continue
+        assert error is None, f"{job['name']} under onnxruntime {version}: {error}"
+        rtol, atol = TOLERANCE[job["kind"]]
+        with np.load(job["eager"]) as want, np.load(out / f"{job['name']}.npz") as got:
+            assert sorted(got.files) == sorted(want.files)
+            for name in want.files:
+                assert got[name].dtype == want[name].dtype, (job["name"], name)
+                np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol,
+                                           err_msg=f"{job['name']} output {name} under onnxruntime {version}")
+
+
+# ---- targeting an older runtime from this environment -----------------------------------------
+def test_export_writes_the_lowest_ir_version_its_opset_needs():
+    model, (args, *_) = _model_and_inputs("demo")
+    irs = {(exporter, opset): opbridge.export(model, args, exporter=exporter, opset=opset).ir_version
+           for exporter, opset in (("dynamo", None), ("dynamo", 21), ("torchscript", None), ("torchscript", 13))}
+    # Default opsets (dynamo 20, TorchScript 17) load into ONNX Runtime 1.17, which reads IR <= 9.
+    assert irs == {("dynamo", None): 9, ("dynamo", 21): 10, ("torchscript", None): 8, ("torchscript", 13): 7}
+
+
+def _identity_model(ir_version: int, opset: int) -> onnx.ModelProto:
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in "xy")
+    return helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y]),
+                             ir_version=ir_version, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_session_names_an_ir_version_newer_than_the_runtime():
+    with pytest.raises(opbridge.OpbridgeError, match=rf"^the model has IR version 99; ONNX Runtime {PINNED} reads IR "
+                                                     r"version \d+ at most: export it with opset=\d+ or lower"):
+        opbridge.session(_identity_model(99, 17))
+
+
+def test_session_names_an_opset_newer_than_the_runtime():
+    with pytest.raises(opbridge.OpbridgeError, match=rf"^the model imports ai.onnx opset 99; ONNX Runtime {PINNED} "
+                                                     r"runs ai.onnx up to opset (\d+): export it with opset=\1 or lower"):
+        opbridge.session(_identity_model(10, 99))
+
+
+def test_a_standard_op_the_runtime_lacks_points_to_custom_nodes():
+    # ONNX Runtime 1.22.1's words for the catalogue model's DeformConv (the pinned runtime has it).
+    raw = ("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for DeformConv(19) node with "
+           "name 'node_deform_conv2d'")
+    assert newer_than_runtime(raw) == (
+        f"ONNX Runtime {PINNED} has no kernel for ai.onnx DeformConv-19 (node 'node_deform_conv2d'), which opbridge "
+        "writes for opbridge::deform_conv2d from opset 19, torchvision::deform_conv2d from opset 19: export with "
+        "custom_nodes=True (or below that opset) to run opbridge's own node instead, or use an onnxruntime that has "
+        "DeformConv")
+    assert newer_than_runtime("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for "
+                              "Foo(1) node with name 'n'") is None  # no opbridge op writes Foo
+
+
+# ---- the adapter's use of the C API ------------------------------------------------------------
+ORT_HEADER = ROOT / "third_party" / "onnxruntime" / "include" / "onnxruntime_c_api.h"
+ADAPTER = ROOT / "adapters" / "ort" / "ort_adapter.cc"
+FLOOR = 17
+# Entries newer than the floor: name -> (the adapter's constant for its version, the version); the
+# adapter calls each only when the negotiated version reaches it.
+GUARDED = {"KernelInfoGetAttributeArray_string": ("kStringListApiVersion", 25)}
+
+
+def _api_entries_since(header: str) -> dict[str, int]:
+    """OrtApi entry -> the ONNX Runtime minor version that added it, from the header's \\since
+    notes; an entry without one counts from the last note before it (the table only grows)."""
+    body = header[header.index("struct OrtApi {"):]
+    body = body[:body.index("\n};")]
+    entry = re.compile(r"(/\*\*(?:(?!\*/).)*\*/)?\s*(?:ORT_API2_STATUS\((\w+)|ORT_CLASS_RELEASE\((\w+)\)|"
+                       r"ORT_API_T\([^,]+,\s*(\w+)|[\w\s*()]*?\(ORT_API_CALL\s*\*\s*(\w+)\))", re.S)
+    since, found = 1, {}
+    for m in entry.finditer(body):
+        note = re.search(r"\\since (?:Version )?1\.(\d+)", m[1] or "")
+        since = max(since, int(note[1])) if note else since
+        name = m[2] or (m[3] and "Release" + m[3]) or m[4] or m[5]
+        found[name] = since
+    return found
+
+
+@pytest.mark.skipif(not ORT_HEADER.is_file(), reason=f"{ORT_HEADER} is missing (scripts/setup.sh fetches it)")
+def test_adapter_calls_only_entries_its_floor_has():
+    since = _api_entries_since(ORT_HEADER.read_text())
+    source = ADAPTER.read_text()
+    assert f"kMinApiVersion = {FLOOR};" in source
+    used = set(re.findall(r"\b(?:g_api|api|old)->(\w+)", source))
+    assert used and used <= since.keys(), used - since.keys()
+    too_new = {name: since[name] for name in used if since[name] > FLOOR and name not in GUARDED}
+    assert not too_new, f"OrtApi entries newer than ONNX Runtime 1.{FLOOR}, called without a version guard: {too_new}"
+    for name, (constant, version) in GUARDED.items():
+        assert since[name] == version and f"{constant} = {version};" in source, name
+        assert f"g_api_version < {constant}" in source, f"{name} is called without checking {constant}"
