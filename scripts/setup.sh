@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything opbridge needs on a fresh Debian machine, then builds it:
 #   Debian build packages -> .venv (pinned Python deps) -> ONNX Runtime SDK -> CMake build
-#   -> the op libraries and CMake package installed into the Python package -> editable install.
+#   -> the op libraries and CMake package installed into the Python package (python/opbridge/_sdk)
+#   -> the package installed editable (pyproject.toml).
 # Running it again is fast and changes nothing when nothing changed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -67,13 +68,15 @@ cmake --build build -j "$jobs"
 cmake --install build >/dev/null
 say "build done in $(( $(date +%s) - start ))s"
 
-# 5. The Python package, editable, against the venv's torch (no isolated build: it would
-#    download another torch). Reinstalled when python/pyproject.toml changed, so that new
-#    metadata (e.g. the `opbridge` command) reaches existing checkouts too.
+# 5. The Python package, editable: the python/ directory on the venv's path and the `opbridge`
+#    and `opbridge-run` commands, from pyproject.toml (scikit-build-core; no CMake run here, the
+#    build above is the one). No isolated build: it would download another torch. Reinstalled
+#    when pyproject.toml changed, so that new metadata reaches existing checkouts too.
+#    (`pip install --no-build-isolation .` is the other route: it builds and installs a copy.)
 py_stamp=.venv/.opbridge-pyproject
-if ! $py -c 'import opbridge' >/dev/null 2>&1 || ! cmp -s python/pyproject.toml "$py_stamp"; then
+if ! $py -c 'import opbridge' >/dev/null 2>&1 || ! cmp -s pyproject.toml "$py_stamp"; then
   say "installing the opbridge Python package (editable)"
-  $py -m pip install -q --no-build-isolation --no-deps -e python
-  cp python/pyproject.toml "$py_stamp"
+  $py -m pip install -q --no-build-isolation --no-deps -e . -Cwheel.cmake=false -Ceditable.mode=inplace
+  cp pyproject.toml "$py_stamp"
 fi
 say "ready: . .venv/bin/activate"

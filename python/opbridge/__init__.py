@@ -12,7 +12,7 @@ from ._dynamo import translation_table
 from ._errors import OpbridgeError
 from ._export import EXPORTERS, export
 from ._functions import add_functions
-from ._loading import cmake_prefix_path, load_builtin, load_library
+from ._loading import build_info, cmake_prefix_path, load_builtin, load_library
 from ._manifest import Library, OpInfo
 from ._registry import all_ops, libraries
 from ._session import session, session_options
@@ -20,6 +20,7 @@ from ._torchscript import custom_opsets, torchscript_exporter_available
 from ._verify import OutputDiff, VerifyReport, verify
 
 builtin = load_builtin()
+__version__: str = build_info()["opbridge"]
 
 
 def __getattr__(name: str):
@@ -31,6 +32,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "__version__",
     "EXPORTERS",
     "Library",
     "OpInfo",
@@ -39,6 +41,7 @@ __all__ = [
     "VerifyReport",
     "add_functions",
     "all_ops",
+    "build_info",
     "builtin",
     "cmake_prefix_path",
     "custom_opsets",

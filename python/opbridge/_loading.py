@@ -4,6 +4,7 @@ exporter's translations are built per export call)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -53,6 +54,28 @@ def builtin_library_dir() -> Path:
     return Path(env) if env else _SDK / "lib"
 
 
+def build_info() -> dict:
+    """What the built-in libraries were built with (CMake writes build_info.json next to them):
+    the opbridge version, the torch version (None without PyTorch), the ONNX Runtime SDK's."""
+    d = builtin_library_dir()
+    for path in (d / "build_info.json", d.parent / "build_info.json"):  # a build tree, an install tree
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise OpbridgeError(f"the opbridge op libraries are not built (no build_info.json in {d} or {d.parent}); "
+                        "run scripts/setup.sh, or pip install opbridge")
+
+
+def _check_torch(info: dict) -> None:
+    # A library built against another torch fails to load with undefined C++ symbols at best.
+    built, have = info.get("torch"), torch.__version__.split("+")[0]
+    if built and built != have:
+        raise OpbridgeError(
+            f"opbridge {info['opbridge']} was built against torch {built}, but this environment has torch "
+            f"{torch.__version__}; install torch=={built}, or rebuild opbridge here "
+            "(pip install --no-build-isolation --force-reinstall <opbridge source>)"
+        )
+
+
 def load_builtin() -> Library:
     d = builtin_library_dir()
     torch_path = d / "libopbridge_torch.so"
@@ -60,6 +83,7 @@ def load_builtin() -> Library:
         raise OpbridgeError(
             f"the opbridge op libraries are not built ({torch_path} is missing); run scripts/setup.sh"
         )
+    _check_torch(build_info())
     return load_library(torch_path, d / "libopbridge_ort.so")
 
 

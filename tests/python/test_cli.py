@@ -166,8 +166,9 @@ def test_ops_table_shows_signatures_and_mapping():
 
 
 def test_entry_point_is_declared_and_installed_script_works():
-    meta = tomllib.loads((ROOT / "python" / "pyproject.toml").read_text())
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["scripts"]["opbridge"] == "opbridge.cli:main"
+    assert meta["project"]["scripts"]["opbridge-run"] == "opbridge.cli.opbridge_run:main"
     script = Path(sys.executable).parent / "opbridge"
     if not script.exists():
         pytest.skip("the venv has no `opbridge` script yet (scripts/setup.sh reinstalls the package)")

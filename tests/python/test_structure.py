@@ -27,13 +27,14 @@ LAYERS = [
     ("api", {"_export", "_session"}),
     ("verify", {"_verify"}),  # export's input order + a session
     ("package", {"__init__"}),
-    ("tools", {"testing", "cli", "_inspect", "_graph", "__main__"}),
+    ("tools", {"testing", "cli", "_inspect", "_graph", "_triton", "__main__"}),
 ]
 LAYER = {m: k for k, (_, modules) in enumerate(LAYERS) for m in modules}
-TOOLS = {"testing", "cli", "_inspect", "_graph"}
-# The tools built on other tools: the drawing colours nodes by inspect's verdicts, and the cli
-# runs both.
-TOOL_USES = {("_graph", "_inspect"), ("cli", "_inspect"), ("cli", "_graph"), ("__main__", "cli")}
+TOOLS = {"testing", "cli", "_inspect", "_graph", "_triton"}
+# The tools built on other tools: the drawing colours nodes by inspect's verdicts, the Triton
+# repository writer takes the op libraries inspect finds, and the cli runs all three.
+TOOL_USES = {("_graph", "_inspect"), ("_triton", "_inspect"), ("cli", "_inspect"), ("cli", "_graph"),
+             ("cli", "_triton"), ("__main__", "cli")}
 MAX_LINES = 400
 
 

@@ -4,6 +4,7 @@
 #include "options.h"
 
 #include <CLI/CLI.hpp>
+#include <onnxruntime_cxx_api.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -116,6 +117,9 @@ void add_options(CLI::App& app, Options& o, Pairs& pairs) {
   app.add_flag_callback("--no-default-library", [&o] { o.default_library = false; }, no_default_library_help());
   // Added last so that its group is listed last.
   app.set_help_flag("-h,--help", "print this text")->group("Help");
+  // The runtime's version is the loaded libonnxruntime's, which may differ from the headers'.
+  app.set_version_flag("--version", [] { return cat("opbridge-run ", OPBRIDGE_VERSION, " (ONNX Runtime ", Ort::GetVersionString(), ")"); },
+                       "print the versions of opbridge-run and ONNX Runtime")->group("Help");
 }
 
 std::unique_ptr<CLI::App> make_app(Options& o, Pairs& pairs) {
@@ -196,6 +200,10 @@ Options parse_options(int argc, char** argv) {
     app->parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     std::cout << app->help();
+    o.help = true;
+    return o;
+  } catch (const CLI::CallForVersion& e) {
+    std::cout << e.what() << "\n";
     o.help = true;
     return o;
   } catch (const CLI::ArgumentMismatch& e) {

@@ -19,11 +19,11 @@ struct Options {
   std::string output_dir, times_file;
   std::vector<std::string> libraries;
   bool default_library = true;
-  bool help = false;  // the usage was printed; nothing else to do
+  bool help = false;  // the usage (or the version) was printed; nothing else to do
 };
 
 // Throws UsageError, with the message the tool prints, for a bad command line. On -h/--help it
-// prints the usage to stdout and returns with `help` set.
+// prints the usage to stdout and returns with `help` set; on --version, the versions.
 Options parse_options(int argc, char** argv);
 
 }  // namespace opbridge::run

@@ -1,19 +1,21 @@
 """The `opbridge` command: which ops a model needs and whether ONNX Runtime runs it (inspect),
-the loaded operators (ops), a drawing of the graph (graph), export of a user's model (export)
-and ONNX Runtime against PyTorch (verify).
+the loaded operators (ops), a drawing of the graph (graph), export of a user's model (export),
+ONNX Runtime against PyTorch (verify) and a Triton Inference Server model repository (triton).
 
     opbridge ops [--json]
     opbridge inspect MODEL.onnx [--json] [--session]
     opbridge graph MODEL.onnx -o out.svg|out.png|out.dot [--max-nodes N]
     opbridge export MODULE:FACTORY -o model.onnx --input x=4x8:float32 [--dynamic x:0:batch]
     opbridge verify MODEL.onnx --torch MODULE:FACTORY [--inputs FILE.npz | --input x=2x8:float32]
+    opbridge triton MODEL.onnx --repository DIR [--name NAME] [--max-batch-size N] [--instances N]
 
 Errors are one line (`opbridge: error: ...`), exit status 2 for usage errors and 1 for failures;
 --verbose adds the traceback. Progress goes to stderr, results to stdout.
 
-Layout: one module per command (ops, inspect, graph, export, verify), _common for what they
-share, _errors for the failures, _parser for the parser and main(). Commands import the shared
-modules and the package below them (its public API, _inspect, _graph), never each other.
+Layout: one module per command (ops, inspect, graph, export, verify, triton), _common for what
+they share, _errors for the failures, _parser for the parser and main(). Commands import the
+shared modules and the package below them (its public API, _inspect, _graph, _triton), never each
+other.
 """
 
 from ._errors import CliError, UsageError

@@ -8,11 +8,12 @@ import sys
 import traceback
 from typing import Sequence
 
-from . import export, graph, inspect, ops, verify
+from . import export, graph, inspect, ops, triton, verify
 from ._common import PROG
 from ._errors import CliError, UsageError, one_line
 
-COMMANDS = {"ops": ops, "inspect": inspect, "graph": graph, "export": export, "verify": verify}  # in --help's order
+COMMANDS = {"ops": ops, "inspect": inspect, "graph": graph, "export": export, "verify": verify,  # in --help's order
+            "triton": triton}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,13 +26,23 @@ def _help_formatter(prog):
     return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
 
 
+def _version() -> str:
+    from .. import build_info  # the package's public API, imported when the parser is built
+
+    info = build_info()
+    torch = f"torch {info['torch']}" if info.get("torch") else "no PyTorch"
+    return f"{PROG} {info['opbridge']} (built with {torch}, ONNX Runtime SDK {info['onnxruntime_sdk']})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, formatter_class=_help_formatter,
                 description="Which ops does a model need and will ONNX Runtime run it (inspect), the loaded "
-                            "operators (ops), draw a graph (graph), export a PyTorch model (export), and check "
-                            "ONNX Runtime against PyTorch (verify).",
+                            "operators (ops), draw a graph (graph), export a PyTorch model (export), check "
+                            "ONNX Runtime against PyTorch (verify), and write a Triton model repository (triton).",
                 epilog="example:\n  opbridge inspect model.onnx\n  opbridge <command> --help")
     p.add_argument("--verbose", action="store_true", help="show tracebacks and the exporters' own output")
+    p.add_argument("--version", action="version", version=_version(),
+                   help="print the versions of opbridge and of what it was built with")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
 
     for name, cmd in COMMANDS.items():
