@@ -31,13 +31,29 @@ def modules() -> list[str]:
 def table(rows: list[Row]) -> str:
     bw = max([len("benchmark")] + [len(r.benchmark) for r in rows])
     iw = max([len("implementation")] + [len(r.impl) for r in rows])
-    lines = [f"{'benchmark':<{bw}} {'implementation':<{iw}} {'median ms':>10} {'min ms':>9} {'ratio':>8}"]
+    lines = [f"{'benchmark':<{bw}} {'implementation':<{iw}} {'median ms':>10} {'min ms':>9} {'ratio':>20}"]
     for r in rows:
         first = _first(rows, r.benchmark)
-        ratio = "subject" if r is first else f"{r.median_ms / first.median_ms:.2f}x"
-        lines.append(f"{r.benchmark:<{bw}} {r.impl:<{iw}} {r.median_ms:>10.3f} {r.min_ms:>9.3f} {ratio:>8}"
+        spread = r.ratio_spread
+        if r is first:
+            ratio = "subject"
+        elif spread:  # interleaved rounds: the median of per-round ratios, and their spread
+            ratio = f"{spread[0]:.2f}x [{spread[1]:.2f}-{spread[2]:.2f}]"
+        else:
+            ratio = f"{r.median_ms / first.median_ms:.2f}x"
+        lines.append(f"{r.benchmark:<{bw}} {r.impl:<{iw}} {r.median_ms:>10.3f} {r.min_ms:>9.3f} {ratio:>20}"
                      + (f"  ({r.note})" if r.note else ""))
     return "\n".join(lines)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def _first(rows: list[Row], benchmark: str) -> Row:
@@ -59,16 +75,19 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"{name} ...")
         rows += importlib.import_module(f"bench_{name}").run(args.quick)
     print(table(rows))
-    print("ratio = median / the first row of its benchmark (opbridge); above 1: opbridge is faster")
+    print("ratio = time / the first row of its benchmark (opbridge); above 1: opbridge is faster. Rows timed in "
+          "interleaved rounds give the median of per-round ratios [25th-75th percentile]; others a ratio of medians")
     import torch
 
     out = {
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch_threads": torch.get_num_threads()},
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "cpu": _cpu_name(),
+                    "torch_threads": torch.get_num_threads()},
         "quick": args.quick,
         "results": [
             {"benchmark": r.benchmark, "impl": r.impl, "median_ms": r.median_ms, "min_ms": r.min_ms,
-             "ratio_to_opbridge": r.median_ms / _first(rows, r.benchmark).median_ms, "times_ms": r.times_ms,
-             "note": r.note}
+             "ratio_to_opbridge": r.ratio_spread[0] if r.ratio_spread else r.median_ms / _first(rows, r.benchmark).median_ms,
+             "ratio_p25_p75": list(r.ratio_spread[1:]) if r.ratio_spread else None,
+             "round_ratios": r.round_ratios, "times_ms": r.times_ms, "note": r.note}
             for r in rows
         ],
     }

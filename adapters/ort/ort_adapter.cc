@@ -1,5 +1,5 @@
 // The ONNX Runtime adapter: turns every OpSpec of this library into ONNX Runtime custom ops in
-// the library's domain, with no per-op code. One OrtCustomOp is registered per combination of
+// the library's domain (or the domain an op names for its node), with no per-op code. One OrtCustomOp is registered per combination of
 // the op's input dtypes (as onnxruntime-extensions does), so ONNX Runtime's own type inference
 // knows every output dtype and rejects a wrong dtype when the session is created.
 //
@@ -442,33 +442,45 @@ void expand_mixed(const OpSpec& op, size_t i, std::vector<DType>& chosen, std::v
   }
 }
 
-// The custom ops and the domain live as long as this library is loaded: ONNX Runtime keeps
-// pointers to them in every session created with options it was registered with, and unloads the
-// library only after those. The domain is released with the library, so loading and unloading it
-// many times leaks nothing.
-struct Domain {
-  Domain() {
+// The custom ops and their domains live as long as this library is loaded: ONNX Runtime keeps
+// pointers to them in every session created with options they were registered with, and unloads
+// the library only after those. The domains are released with the library, so loading and
+// unloading it many times leaks nothing. Ops are in the library's domain unless one names its own
+// (OpBuilder::onnx_node): one OrtCustomOpDomain per domain used.
+struct Domains {
+  Domains() {
     for (const OpSpec& op : registry().ops()) {
       if (!op.cpu_kernel) continue;  // ops without a kernel export to standard ops or functions
       std::vector<DType> chosen;
+      size_t first = ops.size();
       expand(op, 0, chosen, ops);
       expand_mixed(op, 0, chosen, ops);
+      OrtCustomOpDomain* domain = find_or_create(op.export_as.onnx_domain);
+      for (size_t i = first; i < ops.size(); ++i) check(g_api->CustomOpDomain_Add(domain, ops[i].get()));
     }
-    check(g_api->CreateCustomOpDomain(this_library().onnx_domain, &domain));
-    for (const auto& op : ops) check(g_api->CustomOpDomain_Add(domain, op.get()));
+    if (domains.empty()) find_or_create(this_library().onnx_domain);  // a library of mappings only
   }
-  ~Domain() {
-    if (domain) g_api->ReleaseCustomOpDomain(domain);
+  ~Domains() {
+    for (auto& [name, domain] : domains) g_api->ReleaseCustomOpDomain(domain);
   }
-  Domain(const Domain&) = delete;
-  Domain& operator=(const Domain&) = delete;
+  Domains(const Domains&) = delete;
+  Domains& operator=(const Domains&) = delete;
+
+  OrtCustomOpDomain* find_or_create(const std::string& name) {
+    for (auto& [n, d] : domains)
+      if (n == name) return d;
+    OrtCustomOpDomain* d = nullptr;
+    check(g_api->CreateCustomOpDomain(name.c_str(), &d));
+    domains.emplace_back(name, d);
+    return d;
+  }
 
   std::vector<std::unique_ptr<CustomOp>> ops;
-  OrtCustomOpDomain* domain = nullptr;
+  std::vector<std::pair<std::string, OrtCustomOpDomain*>> domains;
 };
 
-Domain& domain() {
-  static Domain d;
+Domains& domains() {
+  static Domains d;
   return d;
 }
 
@@ -499,7 +511,9 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   if (!registry().errors().empty())
     return api->CreateStatus(ORT_FAIL, ("opbridge: invalid op definitions: " + registry().errors().front()).c_str());
   try {
-    return api->AddCustomOpDomain(options, domain().domain);
+    for (auto& [name, domain] : domains().domains)
+      if (OrtStatus* status = api->AddCustomOpDomain(options, domain)) return status;
+    return nullptr;
   } catch (const std::exception& e) {
     return api->CreateStatus(ORT_FAIL, (std::string("opbridge: ") + e.what()).c_str());
   }

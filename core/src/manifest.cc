@@ -49,16 +49,28 @@ json rule_json(const OpSpec& op, const ExportRule& r) {
       attrs.push_back(std::move(j));
     }
   }
-  return {{"domain", r.target_domain}, {"op_type", r.target_type}, {"min_opset", r.min_opset},
-          {"inputs", std::move(inputs)}, {"attributes", std::move(attrs)}};
+  json types = json::object();
+  for (const TypeConstraint& t : r.target_types) {
+    json names = json::array();
+    for (DType d : t.allowed) names.push_back(dtype_name(d));
+    types[t.name] = std::move(names);
+  }
+  static constexpr const char* targets[] = {"standard", "library", "node"};
+  json j = {{"target", targets[static_cast<int>(r.target)]}, {"domain", r.target_domain}, {"op_type", r.target_type},
+            {"min_opset", r.min_opset}, {"inputs", std::move(inputs)}, {"attributes", std::move(attrs)},
+            {"target_types", std::move(types)}, {"portable_only", r.portable_only}};
+  // A library op of another library: the glue finds its node among the loaded libraries.
+  if (r.target == ExportRule::Target::Library)
+    j["library_op"] = (r.library.empty() ? std::string(this_library().torch_namespace) : r.library) + "::" + r.op_type;
+  return j;
 }
 
-json export_json(const LibraryInfo& lib, const OpSpec& op) {
+json export_json(const OpSpec& op) {
   const ExportSpec& ex = op.export_as;
   json rules = json::array();
   for (const ExportRule& r : ex.rules) rules.push_back(rule_json(op, r));
-  json j = {{"kind", export_kind(op)}, {"domain", lib.onnx_domain}, {"op_type", ex.onnx_name},
-            {"since_version", lib.onnx_domain_version}, {"rules", std::move(rules)}};
+  json j = {{"kind", export_kind(op)}, {"domain", ex.onnx_domain}, {"op_type", ex.onnx_name},
+            {"since_version", ex.onnx_version}, {"rules", std::move(rules)}};
   if (!ex.function_body.empty()) j["function"] = {{"opset", ex.function_opset}, {"body", ex.function_body}};
   return j;
 }
@@ -76,7 +88,7 @@ json fake_dims(const OutputSpec& o) {
   return dims;
 }
 
-json op_json(const LibraryInfo& lib, const OpSpec& op) {
+json op_json(const OpSpec& op) {
   json types = json::array(), inputs = json::array(), attrs = json::array(), outputs = json::array(),
        checks = json::array();
   for (const TypeConstraint& t : op.types) {
@@ -101,7 +113,7 @@ json op_json(const LibraryInfo& lib, const OpSpec& op) {
   }
   for (const DimCheck& c : op.checks) checks.push_back(c.str() + ": " + c.what);
   return {{"name", op.name}, {"qualified_name", op.qualified_name()}, {"defines_torch_op", op.defines_torch_op()},
-          {"doc", op.doc}, {"export", export_json(lib, op)}, {"types", std::move(types)}, {"inputs", std::move(inputs)},
+          {"doc", op.doc}, {"export", export_json(op)}, {"types", std::move(types)}, {"inputs", std::move(inputs)},
           {"attributes", std::move(attrs)}, {"outputs", std::move(outputs)}, {"checks", std::move(checks)}};
 }
 }  // namespace
@@ -109,7 +121,7 @@ json op_json(const LibraryInfo& lib, const OpSpec& op) {
 std::string manifest_json() {
   const LibraryInfo& lib = this_library();
   json ops = json::array();
-  for (const OpSpec& op : registry().ops()) ops.push_back(op_json(lib, op));
+  for (const OpSpec& op : registry().ops()) ops.push_back(op_json(op));
   json j = {{"library", lib.name}, {"torch_namespace", lib.torch_namespace}, {"onnx_domain", lib.onnx_domain},
             {"onnx_domain_version", lib.onnx_domain_version}, {"ops", std::move(ops)},
             {"errors", registry().errors()}};

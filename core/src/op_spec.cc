@@ -63,7 +63,8 @@ DimExpr constant(int64_t v) {
   return make(std::move(n));
 }
 std::string DimCheck::str() const {
-  const char* op = rel == Rel::Eq ? " == " : rel == Rel::Ge ? " >= " : " > ";
+  static constexpr const char* ops[] = {" == ", " >= ", " > ", " <= ", " < "};
+  const char* op = ops[static_cast<int>(rel)];
   return lhs.str() + op + rhs.str();
 }
 
@@ -289,9 +290,15 @@ AttrKind mapped_kind(const OpSpec& op, const ExportAttr& a) {
 }
 }  // namespace
 
+bool ExportRule::same_library() const {
+  return target == Target::Library && (library.empty() || library == this_library().torch_namespace);
+}
+
 void resolve_export(OpSpec& op) {
   ExportSpec& ex = op.export_as;
   if (ex.onnx_name.empty()) ex.onnx_name = camel_case(op.name);
+  if (ex.onnx_domain.empty()) ex.onnx_domain = this_library().onnx_domain;
+  if (ex.onnx_version == 0) ex.onnx_version = this_library().onnx_domain_version;
   std::stable_sort(ex.rules.begin(), ex.rules.end(),
                    [](const ExportRule& a, const ExportRule& b) { return a.min_opset < b.min_opset; });
   for (ExportRule& r : ex.rules) {
@@ -304,7 +311,12 @@ void resolve_export(OpSpec& op) {
       it->when = c.when;
     }
     for (ExportAttr& a : r.attrs) a.kind = mapped_kind(op, a);
-    if (!r.library_op) r.target_type = r.op_type;  // ai.onnx; library ops: Registry::add
+    // Library ops are resolved by Registry::add (this library) or the export glue (another).
+    if (r.target == ExportRule::Target::Standard) r.target_type = r.op_type;
+    if (r.target == ExportRule::Target::Node) {
+      r.target_domain = r.domain;
+      r.target_type = r.op_type;
+    }
   }
 }
 
@@ -333,6 +345,18 @@ void check_export(const OpSpec& op) {
       }
     }
     for (const ExportAttr& a : r.attrs) mapped_kind(op, a);
+    OB_CHECK(r.portable_only.empty() || op.cpu_kernel, "export rule ", r.op_type,
+             ": portable_only needs the op's own kernel to export instead");
+    if (r.target == ExportRule::Target::Node)
+      OB_CHECK(!r.domain.empty() && r.domain != "ai.onnx", "export rule ", r.op_type,
+               ": a node of the standard domain is written with ExportTo(op_type, min_opset)");
+    for (const TypeConstraint& t : r.target_types) {
+      const TypeConstraint& own = op.type(t.name);
+      OB_CHECK(!t.allowed.empty(), "export rule ", r.op_type, ": target_types for '", t.name, "' allows no dtype");
+      for (DType d : t.allowed)
+        OB_CHECK(std::find(own.allowed.begin(), own.allowed.end(), d) != own.allowed.end(), "export rule ", r.op_type,
+                 ": target_types names ", dtype_name(d), " for '", t.name, "', which the op does not take");
+    }
   }
 }
 

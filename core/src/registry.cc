@@ -50,12 +50,12 @@ void Registry::add(OpSpec spec) {
 
 void Registry::resolve_library_rules(OpSpec& op) {
   for (ExportRule& r : op.export_as.rules) {
-    if (!r.library_op || !r.target_type.empty()) continue;
+    if (!r.same_library() || !r.target_type.empty()) continue;
     const OpSpec* target = find(r.op_type);
     if (!target) continue;  // not registered yet; errors() reports it if it never is
     try {
       check_library_target(op, r, *target);
-      r.target_domain = this_library().onnx_domain;
+      r.target_domain = target->export_as.onnx_domain;
       r.target_type = target->export_as.onnx_name;
     } catch (const Error& e) {
       errors_.push_back("op '" + op.name + "': " + e.what());
@@ -68,7 +68,7 @@ std::vector<std::string> Registry::errors() const {
   std::vector<std::string> all = errors_;
   for (const OpSpec& op : ops_)
     for (const ExportRule& r : op.export_as.rules)
-      if (r.library_op && r.target_type.empty())
+      if (r.same_library() && r.target_type.empty())
         all.push_back("op '" + op.name + "': export rule names library op '" + r.op_type +
                       "', which this library does not define");
   return all;

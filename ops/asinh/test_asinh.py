@@ -1,5 +1,6 @@
 """asinh: PyTorch's aten::asinh exported to ai.onnx Asinh by both exporters (the TorchScript
-exporter of torch 2.13 has no mapping of its own for it)."""
+exporter of torch 2.13 has no mapping of its own for it) where ONNX Runtime runs Asinh (float32),
+and to opbridge's own node, run by its kernel, where it does not (float64, opsets below 9)."""
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ TestAsinh = op_test_suite(
         reference=np.arcsinh,
         samples=[
             Sample((r([3, 4], low=-50, high=50),), name="float32", dynamic={0: [0]}),
-            Sample((r([6], "float64"),), name="float64", no_onnxruntime="ONNX Runtime's Asinh kernel is float32 only"),
+            Sample((r([6], "float64"),), name="float64"),
             Sample((r([0, 2]),), name="empty"),
         ],
         resize=resize,
@@ -47,9 +48,18 @@ def test_torchscript_export_needs_the_mapping():
     assert [(n.domain, n.op_type) for n in m.graph.node] == [("", "Asinh")]
 
 
-def test_opset_below_the_rule_says_which_opset_it_needs():
-    with pytest.raises(opbridge.OpbridgeError, match=r"aten::asinh: cannot be exported at opset 8: .*Asinh from opset 9"):
-        opbridge.export(AsinhModel(), (torch.ones(2),), exporter="torchscript", opset=8)
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_float64_and_old_opsets_run_opbridges_node(exporter):
+    # ONNX Runtime implements ai.onnx Asinh for float32 only: a float64 model gets opbridge's
+    # node, and so does any model below Asinh's opset 9; both run, against numpy.
+    cases = [(torch.linspace(-30, 30, 7, dtype=torch.float64), None)]
+    if exporter == "torchscript":
+        cases.append((torch.linspace(-3, 3, 5), 8))
+    for x, opset in cases:
+        m = opbridge.export(AsinhModel(), (x,), exporter=exporter, opset=opset)
+        assert [(n.domain, n.op_type) for n in m.graph.node] == [("opbridge", "Asinh")]
+        (got,) = opbridge.session(m).run(None, {m.graph.input[0].name: x.numpy()})
+        np.testing.assert_allclose(got, np.arcsinh(x.numpy()), rtol=1e-6 if x.dtype == torch.float32 else 1e-14)
 
 
 def test_dynamo_translation_is_opbridges():

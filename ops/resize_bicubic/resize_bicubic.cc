@@ -125,7 +125,13 @@ OPBRIDGE_OP(resize_bicubic)
     .cpu(resize_bicubic_kernel)
     // Resize 13 takes an empty roi. Cubic with a = -0.75 and half_pixel is PyTorch's bicubic rule
     // exactly: pytorch_half_pixel would map every output of a length-1 axis to source 0.
+    // ONNX Runtime resizes float32 only: float64 images keep opbridge's own node. Its cubic
+    // Resize is single-threaded and much slower than this kernel (docs/ops/resize_bicubic.md has
+    // the figures): models for ONNX Runtime keep the own node unless exported portable.
     .export_as(ExportTo("Resize", 13)
+                   .target_types("T", {DType::Float32})
+                   .portable_only("ONNX Runtime's cubic Resize runs on one thread, several times slower than "
+                                  "opbridge's kernel")
                    .inputs({"x", "", "scales"})
                    .attr_string("mode", "cubic")
                    .attr_float("cubic_coeff_a", -0.75)

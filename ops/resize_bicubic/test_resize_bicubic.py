@@ -31,8 +31,9 @@ TestResizeBicubic = op_test_suite(
         samples=[
             Sample((r([2, 3, 5, 7]), s(2.0, 1.5)), name="upscale", dynamic={0: [0, 2, 3]}),
             Sample((r([1, 2, 9, 8]), s(0.5, 0.75)), name="downscale"),
-            Sample((r([1, 1, 4, 6], "float64"), s(1.7, 2.3)), name="float64_fractional",
-                   no_onnxruntime="ONNX Runtime's Resize has no float64 kernel (custom_nodes=True runs opbridge's)"),
+            # ONNX Runtime's Resize has no float64 kernel: the rule says so, and a float64 image
+            # is exported as opbridge's own node.
+            Sample((r([1, 1, 4, 6], "float64"), s(1.7, 2.3)), name="float64_fractional"),
             Sample((r([0, 3, 4, 4]), s(2.0, 2.0)), name="empty_batch"),
             Sample((r([1, 1, 1, 1]), s(3.0, 1.0)), name="single_pixel"),
             # A larger input down to one row/column: the source coordinate is still (i+0.5)/s-0.5.
@@ -68,9 +69,24 @@ class Upsampler(torch.nn.Module):
 
 
 @pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
-def test_one_exported_model_serves_every_scale(exporter):
+def test_for_onnxruntime_the_fast_node_by_default(exporter):
+    # ONNX Runtime's cubic Resize is much slower than opbridge's kernel: a model for ONNX Runtime
+    # keeps the op's own node unless a portable model is asked for (the rule says so).
     x = r([1, 3, 16, 12], seed=3)
     m = opbridge.export(Upsampler(), (x, s(2.0, 2.0)), exporter=exporter, input_names=["x", "scales"])
+    types = {(n.domain, n.op_type) for n in m.graph.node}
+    assert ("opbridge", "ResizeBicubic") in types and ("", "Resize") not in types
+    report = opbridge.verify(Upsampler(), (x, s(1.5, 2.5)), m, rtol=1e-5, atol=2e-5)
+    assert report.ok, report.table()
+    assert opbridge.builtin.op("resize_bicubic").export_rules[0].portable_only
+    with pytest.raises(opbridge.OpbridgeError, match="custom_nodes=True keeps opbridge's own nodes and portable=True"):
+        opbridge.export(Upsampler(), (x, s(2.0, 2.0)), exporter=exporter, portable=True, custom_nodes=True)
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_one_portable_model_serves_every_scale(exporter):
+    x = r([1, 3, 16, 12], seed=3)
+    m = opbridge.export(Upsampler(), (x, s(2.0, 2.0)), exporter=exporter, input_names=["x", "scales"], portable=True)
     resize = [n for n in m.graph.node if n.op_type == "Resize"]
     assert len(resize) == 1 and resize[0].input[2] == "scales", "scales must come from the graph input"
     attrs = {a.name: a for a in resize[0].attribute}
@@ -85,10 +101,15 @@ def test_one_exported_model_serves_every_scale(exporter):
 
 
 @pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
-def test_float64_runs_as_the_opbridge_node_on_request(exporter):
+def test_float64_runs_as_the_opbridge_node(exporter):
+    # ai.onnx Resize is written for float32 only (ONNX Runtime's kernel), float64 keeps the
+    # opbridge node even in a portable model.
     x, scales = r([1, 2, 5, 4], "float64", seed=5), s(1.5, 2.5)
-    m = opbridge.export(Upsampler(), (x, scales), exporter=exporter, custom_nodes=True)
-    assert ("opbridge", "ResizeBicubic") in {(n.domain, n.op_type) for n in m.graph.node}
+    m = opbridge.export(Upsampler(), (x, scales), exporter=exporter, portable=True)
+    types = {(n.domain, n.op_type) for n in m.graph.node}
+    assert ("opbridge", "ResizeBicubic") in types and ("", "Resize") not in types
+    m32 = opbridge.export(Upsampler(), (x.float(), scales), exporter=exporter, portable=True)
+    assert ("", "Resize") in {(n.domain, n.op_type) for n in m32.graph.node}
     report = opbridge.verify(Upsampler(), (x, scales), m, rtol=1e-12, atol=1e-12)
     assert report.ok, report.table()
 
@@ -97,7 +118,7 @@ def test_sizes_agree_with_pytorch_and_onnxruntime_or_are_refused():
     # Every size/scale pair either gives the same shape as F.interpolate and ONNX Runtime's
     # Resize, or is refused: never a silent shape difference between eager and the model.
     m = opbridge.export(Upsampler(), (r([1, 1, 8, 8]), s(2.0, 2.0)), input_names=["x", "scales"],
-                        dynamic_axes={"x": {2: "h", 3: "w"}})
+                        dynamic_axes={"x": {2: "h", 3: "w"}}, portable=True)
     sess = opbridge.session(m)
     refused = 0
     for h in (3, 5, 10, 17):

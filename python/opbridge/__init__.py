@@ -15,6 +15,7 @@ from ._functions import add_functions
 from ._loading import build_info, cmake_prefix_path, load_builtin, load_library
 from ._manifest import Library, OpInfo
 from ._registry import all_ops, libraries
+from ._schemas import declare_node
 from ._session import session, session_options
 from ._torchscript import custom_opsets, torchscript_exporter_available
 from ._verify import OutputDiff, VerifyReport, verify
@@ -45,6 +46,7 @@ __all__ = [
     "builtin",
     "cmake_prefix_path",
     "custom_opsets",
+    "declare_node",
     "export",
     "libraries",
     "load_library",

@@ -10,10 +10,10 @@ from typing import Callable
 import onnxscript
 import torch
 
-from ._kinds import ATTR_KINDS
+from ._kinds import ATTR_KINDS, DTYPES
 from ._manifest import OpInfo
 from ._registry import all_ops
-from ._rules import ExportOptions, choose_target, map_call, split_args
+from ._rules import ExportOptions, choose_target, domain_version, input_dtypes, map_call, split_args
 
 # The standard ops opbridge exports to are written with this opset's onnxscript bindings; the
 # exporter converts the model to the requested opset afterwards.
@@ -22,12 +22,21 @@ STANDARD_OPSET_VERSION = 20
 DEFAULT_DYNAMO_OPSET = 20
 
 
+_DTYPE_NAMES = {d.onnx: d.name for d in DTYPES.values()}
+
+
+def _dtype(value) -> str | None:
+    """The dtype name of a traced value (an onnx_ir value: its dtype is a TensorProto type)."""
+    dtype = getattr(value, "dtype", None)
+    return None if dtype is None else _DTYPE_NAMES.get(int(dtype))
+
+
 def _translation(op: OpInfo, options: ExportOptions) -> Callable:
     def translate(*args, **kwargs):
-        target = choose_target(op, options)
         inputs, attrs = split_args(op, args, dict(kwargs))
+        target = choose_target(op, options, input_dtypes(op, [None if v is None else _dtype(v) for v in inputs]))
         inputs, onnx_attrs = map_call(op, target, inputs, attrs, lambda v: v is None)
-        version = max(STANDARD_OPSET_VERSION, options.opset) if target.standard else op.library.onnx_domain_version
+        version = max(STANDARD_OPSET_VERSION, options.opset) if target.standard else domain_version(target)
         emit = getattr(onnxscript.values.Opset(target.domain, version), target.op_type)
         return emit(*inputs, **{k: ATTR_KINDS[kind].onnxscript_value(k, v) for k, (kind, v) in onnx_attrs.items()})
 
@@ -50,10 +59,10 @@ def _translation(op: OpInfo, options: ExportOptions) -> Callable:
 
 
 def translation_table(ops: list[OpInfo] | None = None, *, opset: int = DEFAULT_DYNAMO_OPSET,
-                      custom_nodes: bool = False) -> dict[torch._ops.OpOverload, Callable]:
+                      custom_nodes: bool = False, portable: bool = False) -> dict[torch._ops.OpOverload, Callable]:
     """custom_translation_table entries for every loaded op (or the given ones) whose PyTorch op
     exists in this process, for a model of ai.onnx `opset` (rules are chosen by it: pass the
     opset_version given to torch.onnx.export). opbridge.export does all this, and also adds the
     FunctionProtos of function ops (add_functions) and runs the checker."""
-    options = ExportOptions(opset, custom_nodes)
+    options = ExportOptions(opset, custom_nodes, portable)
     return {op.overload: _translation(op, options) for op in (all_ops() if ops is None else ops) if op.available}

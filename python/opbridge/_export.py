@@ -10,16 +10,20 @@ import logging
 import os
 import re
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import onnx
+import onnxruntime as ort
 import torch
 
 from ._dynamo import DEFAULT_DYNAMO_OPSET, translation_table
 from ._errors import OpbridgeError
 from ._functions import add_functions
+from ._inspect import cannot_run
+from ._naming import name_outputs
 from ._registry import libraries
-from ._torchscript import custom_nodes_requested, custom_opsets, torchscript_exporter_available
+from ._rules import ExportOptions
+from ._torchscript import custom_opsets, options_requested, torchscript_exporter_available
 
 EXPORTERS = ("dynamo", "torchscript")
 DEFAULT_TORCHSCRIPT_OPSET = 17
@@ -45,7 +49,10 @@ def export(
     dynamic_shapes: Any = None,
     kwargs: dict[str, Any] | None = None,
     custom_nodes: bool = False,
+    portable: bool = False,
+    extra_translations: dict[Any, Callable] | None = None,
     check: bool = True,
+    check_runtime: bool = True,
     verbose: bool = False,
 ) -> onnx.ModelProto:
     """Exports `model` with opbridge's rules using either PyTorch exporter, runs the ONNX checker
@@ -60,16 +67,33 @@ def export(
 
     Ops with an export rule to a standard ONNX op (e.g. a deformable convolution as ai.onnx DeformConv
     from opset 19) use it when the opset allows; custom_nodes=True keeps opbridge's own custom
-    nodes instead, for runtimes that lack the standard op. Ops exported as ONNX functions get
-    their FunctionProto added to the model.
+    nodes instead, for runtimes that lack the standard op. Where a standard op runs much slower in
+    ONNX Runtime than opbridge's kernel (bicubic Resize), the op's own node is written unless
+    portable=True asks for the standard op (a model that needs no opbridge library for it). Ops
+    exported as ONNX functions get their FunctionProto added to the model.
 
     The model gets the lowest IR version its opset imports need, so `opset` alone decides which
     runtimes can load it (e.g. opset 20 or lower for ONNX Runtime 1.17).
+
+    extra_translations ({torch op overload: onnxscript function}) adds your own translations for
+    the dynamo exporter, merged with opbridge's (yours win for the same op); a custom-domain node
+    they write needs a schema (opbridge.declare_node). The TorchScript exporter takes symbolics
+    registered with torch.onnx.register_custom_op_symbolic instead.
+
+    The outputs of opbridge's nodes are named as the op's definition names them (unless
+    output_names names them). With check_runtime (the default), the model is judged against the
+    installed ONNX Runtime and the loaded op libraries as `opbridge inspect` judges it, and one
+    OpbridgeError lists every node they cannot run, with what to do; pass check_runtime=False
+    when exporting for another runtime.
     """
     if exporter not in EXPORTERS:
         raise OpbridgeError(f"exporter must be one of {', '.join(EXPORTERS)}, got '{exporter}'")
     if not isinstance(args, tuple):
         args = (args,)
+    ExportOptions(opset or 1, custom_nodes, portable)  # refuses a contradictory choice up front
+    if extra_translations and exporter != "dynamo":
+        raise OpbridgeError("extra_translations are onnxscript translations for the dynamo exporter; for the "
+                            "TorchScript exporter register a symbolic with torch.onnx.register_custom_op_symbolic")
     args, kwargs = _distinct_examples(args, kwargs)
     names = list(input_names) if input_names else None
     outs = list(output_names) if output_names else None
@@ -79,11 +103,12 @@ def export(
                                 "use exporter='torchscript' for older opsets")
         if dynamic_shapes is None:
             dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_axes)
-        with _quiet(verbose), _op_errors():
-            opset = opset or DEFAULT_DYNAMO_OPSET
+        opset = opset or DEFAULT_DYNAMO_OPSET
+        table = translation_table(opset=opset, custom_nodes=custom_nodes, portable=portable)
+        table.update(extra_translations or {})
+        with _quiet(verbose), _op_errors(), _undeclared_nodes():
             program = torch.onnx.export(model, args, kwargs=kwargs, dynamo=True,
-                                        custom_translation_table=translation_table(opset=opset,
-                                                                                   custom_nodes=custom_nodes),
+                                        custom_translation_table=table,
                                         opset_version=opset,
                                         input_names=names, output_names=outs, dynamic_shapes=dynamic_shapes,
                                         verbose=verbose)
@@ -100,17 +125,24 @@ def export(
             # The TorchScript exporter passes everything positionally: bind keywords here.
             model, args = _KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
         buf = io.BytesIO()
-        with _quiet(verbose), _op_errors(), custom_nodes_requested(custom_nodes):
+        with _quiet(verbose), _op_errors(), options_requested(custom_nodes, portable):
             torch.onnx.export(model, args, buf, dynamo=False,
                               opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
                               input_names=names, output_names=outs, dynamic_axes=dynamic_axes, verbose=verbose)
         proto = onnx.load_from_string(buf.getvalue())
     add_functions(proto)
+    name_outputs(proto, keep=set(outs or ()))
     _lowest_ir_version(proto)
     if dynamic_axes:
         _check_dynamic(proto, dynamic_axes)
     if check:
         onnx.checker.check_model(proto, full_check=True)
+    if check_runtime:
+        problems = cannot_run(proto)
+        if problems:
+            raise OpbridgeError(f"the exported model cannot run in ONNX Runtime {ort.__version__} with the loaded op "
+                                "libraries:\n  " + "\n  ".join(problems) + "\n(export with check_runtime=False for "
+                                "another runtime)")
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
@@ -272,3 +304,24 @@ def _dynamic_shapes(model, args: tuple, kwargs: dict | None, names: list[str] | 
             shapes[pname] = per_tensor.get(("arg", pos))
             pos += 1
     return shapes
+
+
+@contextlib.contextmanager
+def _undeclared_nodes():
+    """A translation that writes a custom-domain node with no ONNX schema fails deep inside
+    onnxscript ("No schema registered ..."); this names the node and the fix in one line."""
+    try:
+        yield
+    except Exception as e:
+        cur, seen = e, set()
+        while cur is not None and id(cur) not in seen:
+            seen.add(id(cur))
+            m = re.search(r"No schema registered for '([^']+)' version '(\d+)' and domain '([^']+)'", str(cur))
+            if m:
+                op_type, version, domain = m.groups()
+                raise OpbridgeError(
+                    f"a translation writes {domain}::{op_type} (domain version {version}), which has no ONNX schema: "
+                    f"declare it first, e.g. opbridge.declare_node('{domain}', '{op_type}', inputs=[...], "
+                    f"outputs=[...], version={version})") from e
+            cur = cur.__cause__ or cur.__context__
+        raise

@@ -36,10 +36,11 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
     lib = _manifest.read(torch_path, Path(ort_path).resolve() if ort_path else None)
     for other in _registry.libraries():
         # ONNX Runtime takes one custom-op domain once per session: two libraries in one domain
-        # would make every session fail.
-        if other.onnx_domain == lib.onnx_domain:
+        # would make every session fail. A library owns its domain and those its ops name.
+        shared = sorted(lib.domains & other.domains)
+        if shared:
             raise OpbridgeError(
-                f"{torch_path.name}: ONNX domain '{lib.onnx_domain}' is already used by op library "
+                f"{torch_path.name}: ONNX domain '{shared[0]}' is already used by op library "
                 f"'{other.name}' ({other.torch_path}); give each op library its own ONNX_DOMAIN"
             )
     register_fakes(lib)

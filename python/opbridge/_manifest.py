@@ -85,31 +85,64 @@ class RuleAttribute:
         return not self.sources
 
 
+RULE_TARGETS = ("standard", "library", "node")
+
+
 @dataclasses.dataclass(frozen=True)
 class ExportRule:
     """From ai.onnx opset `min_opset` on, the op may be written as a node `op_type` of `domain`,
-    its inputs and attributes mapped from the op's by name."""
+    its inputs and attributes mapped from the op's by name. The target is a standard ai.onnx op,
+    the own node of an opbridge op ("library": `library_op` names it; a node of another library
+    has an empty domain and type until resolved against the loaded libraries), or a node of
+    another domain that some runtime implements ("node", e.g. com.microsoft contrib ops)."""
 
-    domain: str  # "": a standard ai.onnx op; otherwise an op of an opbridge library's domain
+    domain: str  # "": a standard ai.onnx op (or an unresolved library op)
     op_type: str
     min_opset: int
     inputs: tuple[RuleInput, ...]
     attributes: tuple[RuleAttribute, ...]
+    target: str = "standard"  # one of RULE_TARGETS
+    library_op: str = ""  # "library": the opbridge op whose node is written, "<namespace>::<op>"
+    # Type constraint -> the dtypes the target takes for it in the runtime; absent: all.
+    target_types: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Why the target is written only for portable models (much slower in ONNX Runtime than the
+    # op's own kernel); "": always.
+    portable_only: str = ""
 
     @property
     def standard(self) -> bool:
         """Whether the target is a standard ai.onnx op."""
-        return self.domain == ""
+        return self.target == "standard"
+
+    @property
+    def opbridge_node(self) -> bool:
+        """Whether the target is the own node of an opbridge op (run by an opbridge library)."""
+        return self.target == "library"
+
+    @property
+    def resolved(self) -> bool:
+        return bool(self.op_type)
+
+    def takes(self, dtypes: dict[str, str | None]) -> bool:
+        """Whether the target takes these dtypes (type constraint -> dtype name; None: unknown,
+        assumed taken)."""
+        return all(dtypes.get(t) is None or dtypes[t] in allowed for t, allowed in self.target_types)
 
     def __str__(self) -> str:
-        return f"ai.onnx {self.op_type}" if self.standard else f"{self.domain}::{self.op_type}"
+        if self.standard:
+            return f"ai.onnx {self.op_type}"
+        return f"{self.domain}::{self.op_type}" if self.resolved else f"opbridge op {self.library_op}"
 
     def to_json(self) -> dict[str, Any]:
         """The rule as the manifest spells it (for tools that print JSON)."""
         attrs = [{"name": a.name, "kind": a.kind, **({"value": a.value} if a.fixed else {"from": list(a.sources)})}
                  for a in self.attributes]
-        return {"domain": self.domain, "op_type": self.op_type, "min_opset": self.min_opset,
-                "inputs": [{"name": i.name, "when": i.when} for i in self.inputs], "attributes": attrs}
+        j = {"target": self.target, "domain": self.domain, "op_type": self.op_type, "min_opset": self.min_opset,
+             "inputs": [{"name": i.name, "when": i.when} for i in self.inputs], "attributes": attrs,
+             "target_types": {t: list(d) for t, d in self.target_types}, "portable_only": self.portable_only}
+        if self.library_op:
+            j["library_op"] = self.library_op
+        return j
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +163,7 @@ class OpInfo:
     # "kernel": its own node, run by the library's kernel; "function": its own node, defined by
     # an ONNX function; "mapping": no node of its own, export rules only.
     export_kind: str
-    onnx_domain: str  # its own node: the library's domain, the op type and the domain version
+    onnx_domain: str  # its own node: the domain (the library's unless the op names one), type and version
     onnx_type: str
     since_version: int
     export_rules: tuple[ExportRule, ...]  # by ascending min_opset
@@ -185,6 +218,12 @@ class Library:
 
     def op(self, name: str) -> OpInfo:
         return _named(self.ops, name, f"library '{self.name}' has no op")
+
+    @property
+    def domains(self) -> set[str]:
+        """The ONNX domains the library registers in ONNX Runtime: its own, and those its ops
+        name for their own nodes."""
+        return {self.onnx_domain} | {op.onnx_domain for op in self.ops if op.export_kind == "kernel"}
 
 
 def _named(items, name: str, missing: str):
@@ -257,9 +296,12 @@ def _rule_attribute(a: dict) -> RuleAttribute:
     return RuleAttribute(a["name"], a["kind"], sources=tuple(a["from"]))
 
 
-def _rule(r: dict) -> ExportRule:
+def _rule(r: dict, op: str) -> ExportRule:
+    types = tuple((t, tuple(_known(d, DTYPES, "dtype", op) for d in ds)) for t, ds in r["target_types"].items())
     return ExportRule(r["domain"], r["op_type"], r["min_opset"], tuple(RuleInput(i["name"], i["when"]) for i in r["inputs"]),
-                      tuple(_rule_attribute(a) for a in r["attributes"]))
+                      tuple(_rule_attribute(a) for a in r["attributes"]),
+                      _known(r["target"], RULE_TARGETS, "export rule target", op), r.get("library_op", ""), types,
+                      r["portable_only"])
 
 
 def _op(lib: Library, m: dict) -> OpInfo:
@@ -275,7 +317,7 @@ def _op(lib: Library, m: dict) -> OpInfo:
         onnx_domain=ex["domain"],
         onnx_type=ex["op_type"],
         since_version=ex["since_version"],
-        export_rules=tuple(_rule(r) for r in ex["rules"]),
+        export_rules=tuple(_rule(r, m["name"]) for r in ex["rules"]),
         function=OnnxFunction(fn["opset"], fn["body"]) if fn else None,
         types=tuple(_type(t, m["name"]) for t in m["types"]),
         inputs=tuple(InputSpec(i["name"], i["type"], i["optional"], i["rank"], i["doc"]) for i in m["inputs"]),

@@ -8,42 +8,110 @@ from typing import Any, Callable
 
 from ._errors import OpbridgeError
 from ._manifest import ExportRule, OpInfo, RuleAttribute, RuleInput
+from ._registry import all_ops
 
 
 @dataclasses.dataclass(frozen=True)
 class ExportOptions:
-    """What one export call asks for: the target ai.onnx opset, and whether ops with a kernel
-    keep their own custom node even where a standard op could be written (for runtimes without
-    that standard op)."""
+    """What one export call asks for: the target ai.onnx opset; whether ops with a kernel keep
+    opbridge's own nodes even where a standard op or another runtime's node could be written (for
+    runtimes without that op); whether the model should be portable (standard ops even where
+    they run much slower in ONNX Runtime than opbridge's kernel, so no opbridge library is
+    needed for them)."""
 
     opset: int
     custom_nodes: bool = False
+    portable: bool = False
+
+    def __post_init__(self):
+        if self.custom_nodes and self.portable:
+            raise OpbridgeError("custom_nodes=True keeps opbridge's own nodes and portable=True asks for standard "
+                                "ops instead: choose one")
 
 
 def own_node(op: OpInfo) -> ExportRule:
-    """The op's own node of the library's domain, as a rule mapping everything by name (its
-    min_opset: 1 for a kernel, the opset its body needs for a function)."""
+    """The op's own node, as a rule mapping everything by name (its min_opset: 1 for a kernel,
+    the opset its body needs for a function)."""
     return ExportRule(op.onnx_domain, op.onnx_type, op.function.opset if op.function else 1,
                       tuple(RuleInput(i.name) for i in op.inputs),
-                      tuple(RuleAttribute(a.name, a.kind, sources=(a.name,)) for a in op.attributes))
+                      tuple(RuleAttribute(a.name, a.kind, sources=(a.name,)) for a in op.attributes),
+                      target="library", library_op=op.qualified_name)
 
 
-def choose_target(op: OpInfo, options: ExportOptions) -> ExportRule:
-    """Which node writes `op` at this opset: the applicable rule with the highest min_opset, the
-    op's own node (a kernel: from opset 1; a function: from the opset its body needs) counting
-    as a rule. With custom_nodes, opbridge's own nodes win over standard ai.onnx ops wherever
-    the op has one at this opset."""
+def resolve(op: OpInfo, rule: ExportRule) -> ExportRule:
+    """A rule whose target is an op of another opbridge library, with that op's node filled in
+    from the loaded libraries; other rules as they are. The target must fit the rule as the
+    C++ registry checks a same-library target: a node of its own, room for the inputs written,
+    and every attribute written, of the same kind."""
+    if rule.resolved:
+        return rule
+    target = next((o for o in all_ops() if o.qualified_name == rule.library_op and o.defines_torch_op), None)
+    where = f"{op.qualified_name}: export rule to opbridge op {rule.library_op}"
+    if target is None:
+        ns = rule.library_op.split("::")[0]
+        raise OpbridgeError(f"{where}: no loaded op library defines it; load the library with torch namespace "
+                            f"'{ns}' first (opbridge.load_library)")
+    if target.export_kind != "kernel":
+        raise OpbridgeError(f"{where}: that op has no kernel, so no node of its own")
+    if len(rule.inputs) > len(target.inputs):
+        raise OpbridgeError(f"{where}: writes {len(rule.inputs)} inputs; the op has {len(target.inputs)}")
+    kinds = {a.name: a.kind for a in target.attributes}
+    for a in rule.attributes:
+        if kinds.get(a.name) != a.kind:
+            have = f"is {kinds[a.name]}" if a.name in kinds else "does not exist"
+            raise OpbridgeError(f"{where}: attribute '{a.name}' {have}, the rule writes {a.kind}")
+    return dataclasses.replace(rule, domain=target.onnx_domain, op_type=target.onnx_type)
+
+
+def choose_target(op: OpInfo, options: ExportOptions, dtypes: dict[str, str | None] | None = None) -> ExportRule:
+    """Which node writes `op` at this opset for these input dtypes (type constraint -> dtype
+    name; None or absent: unknown): the applicable rule with the highest min_opset whose target
+    takes the dtypes, the op's own node counting as a rule from opset 1 (a function: from the
+    opset its body needs). With custom_nodes, opbridge's own nodes win over standard ai.onnx ops
+    and other runtimes' nodes wherever the op has one at this opset. Rules marked portable_only
+    (a target much slower in ONNX Runtime than the op's kernel) apply only to portable exports,
+    unless nothing else can write the op."""
+    dtypes = dtypes or {}
     candidates = ([own_node(op)] if op.has_own_node else []) + list(op.export_rules)
     usable = [r for r in candidates if r.min_opset <= options.opset]
-    if options.custom_nodes and any(not r.standard for r in usable):
-        usable = [r for r in usable if not r.standard]
-    if not usable:
+    if options.custom_nodes and any(r.opbridge_node for r in usable):
+        usable = [r for r in usable if r.opbridge_node]
+    taken = [r for r in usable if r.takes(dtypes)]
+    if not options.portable and any(not r.portable_only for r in taken):
+        taken = [r for r in taken if not r.portable_only]  # the faster own node, for ONNX Runtime
+    if not taken:
         lowest = min(r.min_opset for r in candidates)
-        what = ", ".join(f"{r} from opset {r.min_opset}" for r in candidates)
-        raise OpbridgeError(f"{op.qualified_name}: cannot be exported at opset {options.opset}: it is written as "
-                            f"{what}; export with opset >= {lowest}")
+        what = ", ".join(f"{r} from opset {r.min_opset}" + _types_note(r) for r in candidates)
+        given = ", ".join(f"{t}={d}" for t, d in dtypes.items() if d)
+        fix = f"export with opset >= {lowest}" if not usable else "cast the inputs to a dtype the target takes"
+        raise OpbridgeError(f"{op.qualified_name}: cannot be exported at opset {options.opset}"
+                            + (f" with {given}" if given and usable else "") + f": it is written as {what}; {fix}")
     # A rule wins a tie with the op's own node (listed first): it was asked for.
-    return max(reversed(usable), key=lambda r: r.min_opset)
+    return resolve(op, max(reversed(taken), key=lambda r: r.min_opset))
+
+
+def domain_version(rule: ExportRule) -> int:
+    """The domain version a node of this (resolved, non-standard) target is written with: the
+    opbridge op's own version, 1 for another runtime's node."""
+    if rule.opbridge_node:
+        for o in all_ops():
+            if o.has_own_node and (o.onnx_domain, o.onnx_type) == (rule.domain, rule.op_type):
+                return o.since_version
+    return 1
+
+
+def _types_note(rule: ExportRule) -> str:
+    return "".join(f" ({t} in {{{', '.join(ds)}}})" for t, ds in rule.target_types)
+
+
+def input_dtypes(op: OpInfo, dtypes: list[str | None]) -> dict[str, str | None]:
+    """The dtype each type constraint binds to, from the dtypes of the op's inputs in order
+    (None: absent or unknown)."""
+    out: dict[str, str | None] = {}
+    for spec, d in zip(op.inputs, dtypes):
+        if d is not None and out.get(spec.type) is None:
+            out[spec.type] = d
+    return out
 
 
 def split_args(op: OpInfo, args: tuple, kwargs: dict) -> tuple[list[Any], dict[str, Any]]:

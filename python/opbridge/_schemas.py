@@ -4,10 +4,13 @@ callbacks, which have crashed upstream."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from onnx import defs
 
+from ._errors import OpbridgeError
 from ._kinds import ATTR_KINDS, DTYPES
-from ._manifest import AttributeSpec, Library, OpInfo
+from ._manifest import AttributeSpec, ExportRule, Library, OpInfo
 
 
 def _attribute(a: AttributeSpec) -> defs.OpSchema.Attribute:
@@ -35,10 +38,80 @@ def schema_for(op: OpInfo) -> defs.OpSchema:
     )
 
 
+def node_schema_for(op: OpInfo, rule: ExportRule) -> defs.OpSchema:
+    """A schema for another runtime's node that a rule writes (e.g. a com.microsoft contrib op,
+    which the onnx package does not know), declared from the op's side of the mapping: the
+    exporters need the node's output count, the checker its inputs and attributes. Every input
+    and attribute is optional: the rule may leave some to the runtime's defaults."""
+    P = defs.OpSchema.FormalParameter
+    opt = defs.OpSchema.FormalParameterOption.Optional
+    types = {i.name: i.type for i in op.inputs}
+    inputs = [P(slot.name or f"input{k}", types.get(slot.name, _ANY), "", param_option=opt)
+              for k, slot in enumerate(rule.inputs)]
+    outputs = [P(o.name, o.type, o.doc) for o in op.outputs]
+    constraints = [(t.name, [DTYPES[d].onnx_type for d in t.dtypes], "") for t in op.types]
+    if any(not slot.name for slot in rule.inputs):
+        constraints.append((_ANY, sorted({d.onnx_type for d in DTYPES.values()}), ""))
+    attributes = [defs.OpSchema.Attribute(a.name, ATTR_KINDS[a.kind].schema_type, "", required=False)
+                  for a in rule.attributes]
+    return defs.OpSchema(rule.op_type, rule.domain, 1, f"{rule} as opbridge op {op.name} writes it",
+                         inputs=inputs, outputs=outputs, type_constraints=constraints, attributes=attributes)
+
+
+_ANY = "T_any"  # an input slot the rule leaves empty
+
+
 def register_schemas(lib: Library) -> None:
     for op in lib.ops:
-        if not op.has_own_node:
+        if op.has_own_node and not defs.has(op.onnx_type, op.since_version, op.onnx_domain):
+            defs.register_schema(schema_for(op))  # (unless registered by an earlier load in this process)
+        for rule in op.export_rules:
+            if rule.target == "node" and not defs.has(rule.op_type, rule.domain):
+                defs.register_schema(node_schema_for(op, rule))
+
+
+def declare_node(domain: str, op_type: str, *, inputs: Sequence[str], outputs: Sequence[str],
+                 attributes: dict[str, str] | None = None, output_dtypes: dict[str, str] | None = None,
+                 version: int = 1, doc: str = "") -> None:
+    """Declares a node of a custom domain that your own translation writes (see
+    opbridge.export's extra_translations), so that onnxscript can emit it and the ONNX checker
+    knows it: its input names (a trailing "?" marks an optional one), output names, attributes
+    {name: kind} with kinds "int", "float", "str", "int[]", "float[]" (none required), and the
+    domain version. Inputs take any tensor type; an output has the first input's type unless
+    output_dtypes fixes it ({"idx": "int64"}): the exporter types the graph from it. Declaring
+    the same node again is a no-op."""
+    if not domain or domain == "ai.onnx":
+        raise OpbridgeError(f"declare_node: '{op_type}' needs a custom domain; standard ops have schemas already")
+    if not inputs:
+        raise OpbridgeError(f"declare_node {domain}::{op_type}: give at least one input")
+    if defs.has(op_type, version, domain):
+        return
+    P = defs.OpSchema.FormalParameter
+    opt = defs.OpSchema.FormalParameterOption
+    everything = sorted({d.onnx_type for d in DTYPES.values()})
+    params = [P(name.rstrip("?"), f"T{k}", "", param_option=opt.Optional if name.endswith("?") else opt.Single)
+              for k, name in enumerate(inputs)]
+    constraints = [(f"T{k}", everything, "") for k in range(len(inputs))]
+    fixed = dict(output_dtypes or {})
+    for name in outputs:
+        dtype = fixed.pop(name, None)
+        if dtype is None:
+            params.append(P(name, "T0", ""))
             continue
-        if defs.has(op.onnx_type, op.since_version, op.onnx_domain):
-            continue  # registered by an earlier load in this process
-        defs.register_schema(schema_for(op))
+        if dtype not in DTYPES:
+            raise OpbridgeError(f"declare_node {domain}::{op_type}: output '{name}' has unknown dtype '{dtype}'; "
+                                f"use one of {', '.join(DTYPES)}")
+        params.append(P(name, f"T_{name}", ""))
+        constraints.append((f"T_{name}", [DTYPES[dtype].onnx_type], ""))
+    if fixed:
+        raise OpbridgeError(f"declare_node {domain}::{op_type}: output_dtypes names {sorted(fixed)}, which are not "
+                            "outputs")
+    attrs = []
+    for name, kind in (attributes or {}).items():
+        if kind not in ATTR_KINDS or kind == "bool":
+            raise OpbridgeError(f"declare_node {domain}::{op_type}: attribute '{name}' has kind '{kind}'; use one of "
+                                "int, float, str, int[], float[]")
+        attrs.append(defs.OpSchema.Attribute(name, ATTR_KINDS[kind].schema_type, "", required=False))
+    defs.register_schema(defs.OpSchema(op_type, domain, version, doc or f"{domain}::{op_type}, declared with opbridge",
+                                       inputs=params[:len(inputs)], outputs=params[len(inputs):],
+                                       type_constraints=constraints, attributes=attrs))

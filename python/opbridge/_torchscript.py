@@ -12,10 +12,10 @@ from typing import Callable
 import torch
 
 from ._errors import OpbridgeError
-from ._kinds import ATTR_KINDS
+from ._kinds import ATTR_KINDS, dtype_of
 from ._manifest import Library, OpInfo
 from ._registry import all_ops
-from ._rules import ExportOptions, choose_target, map_call, split_args
+from ._rules import ExportOptions, choose_target, input_dtypes, map_call, split_args
 
 # One symbolic for every opset: registered at the exporter's base opset, which its registry also
 # serves to older targets. Below an op's lowest rule the symbolic says which opset it needs.
@@ -26,19 +26,20 @@ def torchscript_exporter_available() -> bool:
     return hasattr(torch.onnx, "register_custom_op_symbolic") and hasattr(torch.onnx, "symbolic_helper")
 
 
-# custom_nodes for the TorchScript exporter, whose symbolics are registered once: set around an
-# export by opbridge.export (a context variable: concurrent exports do not see each other's).
-# The target opset comes from the graph being built.
-_custom_nodes: contextvars.ContextVar[bool] = contextvars.ContextVar("opbridge_custom_nodes", default=False)
+# custom_nodes and portable for the TorchScript exporter, whose symbolics are registered once:
+# set around an export by opbridge.export (a context variable: concurrent exports do not see
+# each other's). The target opset comes from the graph being built.
+_requested: contextvars.ContextVar[tuple[bool, bool]] = contextvars.ContextVar("opbridge_export_options",
+                                                                              default=(False, False))
 
 
 @contextlib.contextmanager
-def custom_nodes_requested(flag: bool):
-    token = _custom_nodes.set(flag)
+def options_requested(custom_nodes: bool, portable: bool):
+    token = _requested.set((custom_nodes, portable))
     try:
         yield
     finally:
-        _custom_nodes.reset(token)
+        _requested.reset(token)
 
 
 def _symbolic(op: OpInfo) -> Callable:
@@ -47,8 +48,9 @@ def _symbolic(op: OpInfo) -> Callable:
     n_out = len(op.outputs)
 
     def symbolic(g, *args):
-        target = choose_target(op, ExportOptions(g.opset, _custom_nodes.get()))
         inputs, attrs = split_args(op, args, {})
+        dtypes = [None if v is None or sh._is_none(v) else _dtype(v) for v in inputs]
+        target = choose_target(op, ExportOptions(g.opset, *_requested.get()), input_dtypes(op, dtypes))
         consts = {}
         for a in op.attributes:
             v = attrs.get(a.name)
@@ -73,6 +75,15 @@ def _symbolic(op: OpInfo) -> Callable:
         return outs
 
     return symbolic
+
+
+def _dtype(value) -> str | None:
+    """The dtype name of a traced value, when the exporter knows it."""
+    try:
+        dtype = value.type().dtype()
+        return dtype_of(dtype).name if dtype is not None else None
+    except (RuntimeError, AttributeError, KeyError):
+        return None
 
 
 def _none_value(g):

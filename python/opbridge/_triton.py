@@ -155,14 +155,15 @@ def missing_problem(report: I.ModelReport) -> str | None:
 
 def op_libraries(report: I.ModelReport) -> list[OpLibrary]:
     """The ONNX Runtime libraries of the loaded opbridge libraries whose ops the model uses (a
-    library owns its ONNX domain), in load order."""
+    library owns its ONNX domain and those its ops name for their nodes), in load order."""
     needed: dict[str, list[str]] = {}
     for u in report.ops:
         if u.verdict.status == I.OPBRIDGE:
             needed.setdefault(I.domain_name(u.domain), []).append(f"{I.domain_name(u.domain)}::{u.op_type}")
     found = []
     for lib in report.libraries:
-        ops = needed.pop(I.domain_name(lib["onnx_domain"]), None)
+        uses = [needed.pop(I.domain_name(d)) for d in lib["domains"] if I.domain_name(d) in needed]
+        ops = [op for use in uses for op in use] if uses else None
         if ops is not None:
             if not lib["ort_library"]:  # inspect reports this as MISSING first
                 raise TritonError(f"op library '{lib['name']}' was loaded without its ONNX Runtime library")

@@ -13,6 +13,7 @@ import torch
 
 from ._errors import OpbridgeError
 from ._export import tensor_leaves
+from ._inspect import cannot_run, clean_ort_message
 from ._session import session
 
 
@@ -32,12 +33,16 @@ class VerifyReport:
     outputs: list[OutputDiff]
     rtol: float
     atol: float
+    # Why ONNX Runtime cannot run the model at all (no outputs then); "" when it ran.
+    cannot_run: str = ""
 
     @property
     def ok(self) -> bool:
-        return all(o.ok for o in self.outputs)
+        return not self.cannot_run and all(o.ok for o in self.outputs)
 
     def table(self) -> str:
+        if self.cannot_run:
+            return f"cannot run: {self.cannot_run}"
         head = f"{'output':<16} {'shape':<16} {'dtype':<8} {'max abs diff':>13} {'max rel diff':>13}  result"
         lines = [head, "-" * len(head)]
         for o in self.outputs:
@@ -82,12 +87,18 @@ def verify(
     sess: ort.InferenceSession | None = None,
 ) -> VerifyReport:
     """Runs torch eager and ONNX Runtime on the same inputs; reports the largest absolute and
-    relative difference per output. The tensors of args and kwargs (nested ones too, in order)
+    relative difference per output. A model ONNX Runtime cannot load gives a report that is not
+    ok and says why (`cannot_run`) instead of ONNX Runtime's exception. The tensors of args and kwargs (nested ones too, in order)
     feed the graph inputs in order; outputs are compared in order of their tensors."""
     if not isinstance(args, tuple):
         args = (args,)
     kwargs = kwargs or {}
-    sess = sess or session(onnx_model)
+    if sess is None:
+        try:
+            sess = session(onnx_model)
+        except (OpbridgeError, ort.capi.onnxruntime_pybind11_state.Fail,
+                ort.capi.onnxruntime_pybind11_state.NotImplemented, ort.capi.onnxruntime_pybind11_state.InvalidGraph) as e:
+            return VerifyReport([], rtol, atol, _why_not(onnx_model, e))
     tensors = tensor_leaves((args, kwargs))
     names = [i.name for i in sess.get_inputs()]
     if len(names) != len(tensors):
@@ -100,3 +111,15 @@ def verify(
         raise OpbridgeError(f"verify: ONNX Runtime returned {len(got)} outputs, PyTorch {len(want)}")
     out_names = [o.name for o in sess.get_outputs()]
     return VerifyReport([compare(n, g, w, rtol, atol) for n, g, w in zip(out_names, got, want)], rtol, atol)
+
+
+def _why_not(onnx_model, error: Exception) -> str:
+    """Why ONNX Runtime refused the model: inspect's verdict per node it cannot run, else the
+    runtime's own words."""
+    try:
+        model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else (
+            onnx.load_from_string(onnx_model) if isinstance(onnx_model, bytes) else onnx.load(os.fspath(onnx_model)))
+        problems = cannot_run(model)
+    except Exception:  # noqa: BLE001 - the runtime's own message is still an answer
+        problems = []
+    return "; ".join(problems) if problems else clean_ort_message(str(error))

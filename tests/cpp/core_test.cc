@@ -206,3 +206,61 @@ TEST(ExportRules, InputWhenAppliesToTheDefaultInputsAndNamesARealOne) {
 }
 }  // namespace
 }  // namespace opbridge
+
+namespace opbridge {
+namespace {
+TEST(Checks, UpperBounds) {
+  OpSpec op = spec_of(OpBuilder("upper").doc("d").types("T", {DType::Float32}).input("a", "T", "", 1)
+                          .int_attr("k", "").check(attr("k") <= dim("a", 0), "k must be at most the number of rows")
+                          .check(attr("k") < 8, "k must be below 8")
+                          .output("y", "T", shape::same({"a"}), "").cpu(noop_kernel));
+  std::vector<int64_t> shape5{5};
+  auto run_with = [&](int64_t k) {
+    std::vector<AttrValue> attrs{AttrValue{k}};
+    return error_of([&] { ShapeInference<int64_t>(op, {&shape5}, attrs).run(); });
+  };
+  EXPECT_EQ(run_with(5), "");
+  EXPECT_EQ(run_with(6), "k must be at most the number of rows (k = 6, a.shape[0] = 5)");
+  std::vector<int64_t> shape9{9};
+  std::vector<AttrValue> eight{AttrValue{int64_t{8}}};
+  EXPECT_EQ(error_of([&] { ShapeInference<int64_t>(op, {&shape9}, eight).run(); }), "k must be below 8, got 8");
+  EXPECT_EQ(op.checks[0].str(), "k <= a.shape[0]");
+  EXPECT_EQ(op.checks[1].str(), "k < 8");
+}
+
+TEST(ExportRules, TargetsNodesOfOtherDomainsAndStatesTheirDtypes) {
+  OpSpec op = spec_of(OpBuilder("n").doc("d").types("T", {DType::Float32, DType::Float64}).input("a", "T", "")
+                          .output("y", "T", shape::same({"a"}), "").cpu(noop_kernel)
+                          .export_as(ExportTo::node("com.microsoft", "Thing").target_types("T", {DType::Float32}))
+                          .export_as(ExportTo::library_op("other_ns::thing", 19)));
+  resolve_export(op);
+  EXPECT_EQ(error_of([&] { check_export(op); }), "");
+  const ExportRule& node = op.export_as.rules[0];
+  EXPECT_EQ(node.target_domain + "::" + node.target_type, "com.microsoft::Thing");
+  const ExportRule& other = op.export_as.rules[1];
+  EXPECT_EQ(other.library + "::" + other.op_type, "other_ns::thing");
+  EXPECT_FALSE(other.same_library());  // left for the export glue, which sees every library
+  EXPECT_TRUE(other.target_type.empty());
+  OpSpec bad = spec_of(OpBuilder("n").doc("d").types("T", {DType::Float32}).input("a", "T", "")
+                           .output("y", "T", shape::same({"a"}), "").cpu(noop_kernel)
+                           .export_as(ExportTo("Abs", 6).target_types("T", {DType::Float64})));
+  resolve_export(bad);
+  EXPECT_EQ(error_of([&] { check_export(bad); }),
+            "export rule Abs: target_types names float64 for 'T', which the op does not take");
+}
+
+TEST(OwnNode, ChosenNameAndDomain) {
+  OpSpec op = spec_of(OpBuilder("vendor_thing").doc("d").types("T", {DType::Float32}).input("a", "T", "")
+                          .output("y", "T", shape::same({"a"}), "").cpu(noop_kernel).onnx_node("vThing", "vendor", 3));
+  resolve_export(op);
+  EXPECT_EQ(op.export_as.onnx_domain + "::" + op.export_as.onnx_name, "vendor::vThing");
+  EXPECT_EQ(op.export_as.onnx_version, 3);
+  OpSpec plain = spec_of(OpBuilder("plain_thing").doc("d").types("T", {DType::Float32}).input("a", "T", "")
+                             .output("y", "T", shape::same({"a"}), "").cpu(noop_kernel));
+  resolve_export(plain);
+  EXPECT_EQ(plain.export_as.onnx_domain, this_library().onnx_domain);
+  EXPECT_EQ(plain.export_as.onnx_name, "PlainThing");
+  EXPECT_EQ(plain.export_as.onnx_version, this_library().onnx_domain_version);
+}
+}  // namespace
+}  // namespace opbridge

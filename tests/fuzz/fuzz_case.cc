@@ -425,10 +425,13 @@ class Generator {
         } catch (const std::exception&) {
           continue;
         }
-        bool ok = chk.rel == DimCheck::Rel::Eq ? l == r : chk.rel == DimCheck::Rel::Ge ? l >= r : l > r;
+        using R = DimCheck::Rel;
+        bool ok = chk.rel == R::Eq ? l == r : chk.rel == R::Ge ? l >= r : chk.rel == R::Gt ? l > r
+                : chk.rel == R::Le ? l <= r : l < r;
         if (ok) continue;
-        int64_t want = chk.rel == DimCheck::Rel::Gt ? r + 1 : r;
-        if (set(chk.lhs, want) || (chk.rel == DimCheck::Rel::Eq && set(chk.rhs, l))) changed = true;
+        // Move the left side to the nearest value that satisfies the relation.
+        int64_t want = chk.rel == R::Gt ? r + 1 : chk.rel == R::Lt ? r - 1 : r;
+        if (set(chk.lhs, want) || (chk.rel == R::Eq && set(chk.rhs, l))) changed = true;
       }
       if (!changed) break;
     }
@@ -759,8 +762,8 @@ std::string Case::describe() const {
 OnnxNodeModel Case::model() const {
   OnnxNodeModel m;
   m.op_type = op->export_as.onnx_name;
-  m.domain = this_library().onnx_domain;
-  m.domain_version = this_library().onnx_domain_version;
+  m.domain = op->export_as.onnx_domain;
+  m.domain_version = op->export_as.onnx_version;
   size_t last = inputs.size();
   if (drop_trailing_omitted)
     while (last > 0 && !inputs[last - 1].present) --last;

@@ -145,11 +145,16 @@ def test_ops_json_lists_every_loaded_op():
     assert dr["export"]["own_node"]["domain"] == "opbridge" and dr["export"]["own_node"]["op_type"] == "DualResidual"
     assert dr["inputs"][0]["dtypes"] == ["float32", "float64"]
     asinh = got["asinh"]["export"]
-    assert asinh["kind"] == "mapping" and asinh["own_node"] is None
-    assert [(r["domain"], r["op_type"], r["min_opset"]) for r in asinh["rules"]] == [("", "Asinh", 9)]
-    assert asinh["summary"] == "ai.onnx::Asinh from opset 9"
+    assert asinh["kind"] == "kernel" and asinh["own_node"]["op_type"] == "Asinh"
+    assert [(r["domain"], r["op_type"], r["min_opset"], r["target_types"]) for r in asinh["rules"]] == [
+        ("", "Asinh", 9, {"T": ["float32"]})]
+    assert asinh["summary"] == "opbridge::Asinh v1; ai.onnx::Asinh from opset 9 for T in {float32}"
+    grid = got["torch_cluster_grid"]["export"]
+    assert grid["kind"] == "mapping" and grid["own_node"] is None
+    assert grid["summary"] == "opbridge::GridCluster"
     assert got["selu"]["export"]["summary"] == "opbridge::Selu v1 (function, opset 15+)"
-    assert got["resize_bicubic"]["export"]["summary"] == "opbridge::ResizeBicubic v1; ai.onnx::Resize from opset 13"
+    assert got["resize_bicubic"]["export"]["summary"] == ("opbridge::ResizeBicubic v1; ai.onnx::Resize from opset 13 "
+                                                          "for T in {float32}")
 
 
 def test_ops_table_shows_signatures_and_mapping():

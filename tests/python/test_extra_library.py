@@ -46,10 +46,11 @@ class Axpy(torch.nn.Module):
 def test_library_metadata(extra):
     assert extra.torch_namespace == "extra"
     assert extra.onnx_domain == "com.example.extra"
-    assert sorted(op.name for op in extra.ops) == ["attr_mix", "axpy"]
+    assert sorted(op.name for op in extra.ops) == ["attr_mix", "axpy", "bias_gelu", "cst_dual_residual",
+                                                   "scaled_add_rule"]
     assert extra.ort_path.name == "libextra_ops_ort.so"
     # The built-in library is untouched by the second one.
-    assert not {"axpy", "attr_mix"} & {op.name for op in opbridge.builtin.ops}
+    assert not {op.name for op in extra.ops} & {op.name for op in opbridge.builtin.ops}
 
 
 def test_eager(extra):
@@ -159,3 +160,80 @@ def test_second_library_in_the_same_domain_is_refused(extra):
     x = np.ones((2, 2), np.float32)
     proto = opbridge.export(Axpy(), (torch.from_numpy(x),))
     assert opbridge.session(proto).run(None, {proto.graph.input[0].name: x})[0].tolist() == [[1.5, 1.5]] * 2
+
+
+# ---- nodes named by the definition (reach.cc) -----------------------------------------------
+def _gelu(v):
+    from math import erf
+
+    return np.vectorize(lambda t: 0.5 * t * (1 + erf(t / np.sqrt(2))))(v.astype(np.float64))
+
+
+class BiasGelu(torch.nn.Module):
+    def forward(self, x, bias):
+        return torch.ops.extra.bias_gelu(x, bias)
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_rule_to_an_onnxruntime_contrib_op(extra, exporter):
+    # float32: the node is ONNX Runtime's own com.microsoft BiasGelu, which a plain session runs
+    # with no opbridge library; float64 (which BiasGelu lacks): the op's own node.
+    import onnxruntime as ort
+
+    for dtype, node in (("float32", ("com.microsoft", "BiasGelu")), ("float64", ("com.example.extra", "BiasGelu"))):
+        args = (r([2, 3, 8], dtype, seed=1), r([8], dtype, seed=2))
+        m = opbridge.export(BiasGelu(), args, exporter=exporter)
+        assert [(n.domain, n.op_type) for n in m.graph.node] == [node]
+        want = _gelu(args[0].numpy() + args[1].numpy())
+        feeds = {i.name: a.numpy() for i, a in zip(m.graph.input, args)}
+        sess = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+                if dtype == "float32" else opbridge.session(m))
+        np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-5 if dtype == "float32" else 1e-12,
+                                   atol=1e-6 if dtype == "float32" else 1e-14)
+        np.testing.assert_allclose(BiasGelu()(*args).numpy(), want, rtol=1e-5, atol=1e-6)
+    # custom_nodes=True keeps this library's node even for float32.
+    m = opbridge.export(BiasGelu(), (r([1, 2, 4]), r([4])), exporter=exporter, custom_nodes=True)
+    assert [(n.domain, n.op_type) for n in m.graph.node] == [("com.example.extra", "BiasGelu")]
+
+
+class CstDualResidual(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.ops.extra.cst_dual_residual(x, y, alpha=1.5)
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_own_node_in_a_vendor_domain(extra, exporter):
+    op = extra.op("cst_dual_residual")
+    assert (op.onnx_domain, op.onnx_type) == ("rknn_cst", "cstDualResidual")
+    x, y = r([5], seed=3), r([5], seed=4)
+    m = opbridge.export(CstDualResidual(), (x, y), exporter=exporter)
+    (node,) = m.graph.node
+    assert (node.domain, node.op_type, list(node.output)) == ("rknn_cst", "cstDualResidual", ["r1", "r2"])
+    assert ("rknn_cst", 1) in {(o.domain, o.version) for o in m.opset_import}
+    # This library's ONNX Runtime side registers the kernel in that domain too.
+    r1, r2 = opbridge.session(m).run(None, {m.graph.input[0].name: x.numpy(), m.graph.input[1].name: y.numpy()})
+    a = np.float32(1.5)
+    np.testing.assert_allclose(r1, x.numpy() * a - y.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(r2, y.numpy() * a - x.numpy(), rtol=1e-6)
+
+
+_thirdparty = None
+
+
+class ScaledAdd(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.ops.thirdparty.scaled_add(a, b)
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_rule_for_a_third_party_op_targets_another_librarys_op(extra, exporter):
+    global _thirdparty
+    if _thirdparty is None:  # a third party's op, as its own package would register it
+        _thirdparty = torch.library.Library("thirdparty", "DEF")
+        _thirdparty.define("scaled_add(Tensor a, Tensor b) -> Tensor")
+        _thirdparty.impl("scaled_add", lambda a, b: 2 * a + b, "CompositeExplicitAutograd")
+    a, b = r([3, 4], seed=5), r([4], seed=6)
+    m = opbridge.export(ScaledAdd(), (a, b), exporter=exporter)
+    assert [(n.domain, n.op_type) for n in m.graph.node] == [("opbridge", "MyAdd")]  # the built-in library's
+    (got,) = opbridge.session(m).run(None, {m.graph.input[0].name: a.numpy(), m.graph.input[1].name: b.numpy()})
+    np.testing.assert_allclose(got, 2 * a.numpy() + b.numpy(), rtol=1e-6)

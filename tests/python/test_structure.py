@@ -22,19 +22,18 @@ LAYERS = [
     ("manifest", {"_manifest"}),  # a library and its ops, read once from its manifest
     ("registry", {"_registry"}),  # the libraries loaded in this process
     ("rules", {"_rules"}),  # which node writes an op at an opset; argument mapping
-    ("exporters", {"_schemas", "_fake", "_dynamo", "_torchscript", "_functions"}),
+    ("exporters", {"_schemas", "_fake", "_dynamo", "_torchscript", "_functions", "_naming"}),
     ("loading", {"_loading"}),  # load_library wires the exporters to a library
+    ("inspect", {"_inspect"}),  # what the installed ONNX Runtime can run (export checks it)
     ("api", {"_export", "_session"}),
     ("verify", {"_verify"}),  # export's input order + a session
     ("package", {"__init__"}),
-    ("tools", {"testing", "cli", "_inspect", "_graph", "_triton", "__main__"}),
+    ("tools", {"testing", "cli", "_graph", "_triton", "__main__"}),
 ]
 LAYER = {m: k for k, (_, modules) in enumerate(LAYERS) for m in modules}
-TOOLS = {"testing", "cli", "_inspect", "_graph", "_triton"}
-# The tools built on other tools: the drawing colours nodes by inspect's verdicts, the Triton
-# repository writer takes the op libraries inspect finds, and the cli runs all three.
-TOOL_USES = {("_graph", "_inspect"), ("_triton", "_inspect"), ("cli", "_inspect"), ("cli", "_graph"),
-             ("cli", "_triton"), ("__main__", "cli")}
+TOOLS = {"testing", "cli", "_graph", "_triton"}
+# The tools built on other tools: the cli runs the drawing and the Triton repository writer.
+TOOL_USES = {("cli", "_graph"), ("cli", "_triton"), ("__main__", "cli")}
 MAX_LINES = 400
 
 

@@ -17,15 +17,44 @@ namespace opbridge {
 // An export rule (see ExportRule): ExportTo("DeformConv", 19).attr("pads", {"padding", "padding"}).
 class ExportTo {
  public:
+  // A standard ai.onnx op, from `min_opset` on.
   ExportTo(std::string onnx_type, int min_opset) {
     rule_.op_type = std::move(onnx_type);
     rule_.min_opset = min_opset;
   }
-  // The node of another op of this library (by its snake_case name), from `min_opset` on.
+  // The own node of an opbridge op, from `min_opset` on: "<op>" (an op of this library) or
+  // "<namespace>::<op>" (an op of any opbridge library, by its PyTorch namespace).
   static ExportTo library_op(std::string op_name, int min_opset = 1) {
-    ExportTo t(std::move(op_name), min_opset);
-    t.rule_.library_op = true;
+    ExportTo t("", min_opset);
+    t.rule_.target = ExportRule::Target::Library;
+    if (auto sep = op_name.find("::"); sep != std::string::npos) {
+      t.rule_.library = op_name.substr(0, sep);
+      op_name = op_name.substr(sep + 2);
+    }
+    t.rule_.op_type = std::move(op_name);
     return t;
+  }
+  // A node `op_type` of another domain that a runtime implements, e.g. node("com.microsoft",
+  // "BiasGelu") for ONNX Runtime's contrib op, or a vendor runtime's op.
+  static ExportTo node(std::string domain, std::string op_type, int min_opset = 1) {
+    ExportTo t(std::move(op_type), min_opset);
+    t.rule_.target = ExportRule::Target::Node;
+    t.rule_.domain = std::move(domain);
+    return t;
+  }
+  // The target takes this op's type constraint `type` in these dtypes only (in ONNX Runtime);
+  // for other dtypes the op's own node is written instead. E.g. for a standard op that ONNX
+  // Runtime implements for float32 only: .target_types("T", {DType::Float32}).
+  ExportTo& target_types(std::string type, std::initializer_list<DType> dtypes) {
+    rule_.target_types.push_back({std::move(type), dtypes});
+    return *this;
+  }
+  // The target runs much slower in ONNX Runtime than this op's own kernel (`why`, with figures):
+  // exports for ONNX Runtime keep the op's own node, and the rule is written only for a portable
+  // model (opbridge.export(..., portable=True)), which runs without opbridge's library.
+  ExportTo& portable_only(std::string why) {
+    rule_.portable_only = std::move(why);
+    return *this;
   }
   // The target's inputs in order, as this op's input names; "" for an empty slot.
   ExportTo& inputs(std::vector<std::string> names) {
@@ -124,6 +153,16 @@ class OpBuilder {
   // The op already exists in PyTorch ("aten::<name>", or another library's op): opbridge
   // defines nothing in PyTorch and only adds its export rules.
   OpBuilder& existing_torch_op(std::string qualified) { spec_.existing_torch_op = std::move(qualified); return *this; }
+  // The op's own ONNX node: type `onnx_type` in `domain` (the library's if empty) at domain
+  // version `version`, instead of CamelCase of the name in the library's domain; e.g. a node a
+  // vendor runtime already implements ("cstDualResidual", "rknn_cst"). The ONNX Runtime library
+  // registers the kernel under that name.
+  OpBuilder& onnx_node(std::string onnx_type, std::string domain = "", int version = 1) {
+    spec_.export_as.onnx_version = domain.empty() ? 0 : version;  // in the library's domain: its version
+    spec_.export_as.onnx_name = std::move(onnx_type);
+    spec_.export_as.onnx_domain = std::move(domain);
+    return *this;
+  }
 
   OpSpec build() && { return std::move(spec_); }
 

@@ -75,11 +75,11 @@ inline DimExpr operator-(DimExpr a, int64_t b) { return a - constant(b); }
 inline DimExpr operator*(DimExpr a, int64_t b) { return a * constant(b); }
 inline DimExpr operator/(DimExpr a, int64_t b) { return a / constant(b); }
 
-// lhs == rhs (or >=, >) must hold, else `what` is the error. Checked on concrete sizes in eager
+// lhs == rhs (or >=, >, <=, <) must hold, else `what` is the error. Checked on concrete sizes in eager
 // and ONNX Runtime; PyTorch's Meta kernel checks what its symbolic sizes decide (== always, an
 // inequality when both sides are known), so a bad attribute fails at export already.
 struct DimCheck {
-  enum class Rel : int8_t { Eq, Ge, Gt };
+  enum class Rel : int8_t { Eq, Ge, Gt, Le, Lt };
   DimExpr lhs, rhs;
   std::string what;
   Rel rel = Rel::Eq;
@@ -91,6 +91,10 @@ inline DimCheck operator>=(DimExpr a, DimExpr b) { return {std::move(a), std::mo
 inline DimCheck operator>=(DimExpr a, int64_t b) { return std::move(a) >= constant(b); }
 inline DimCheck operator>(DimExpr a, DimExpr b) { return {std::move(a), std::move(b), {}, DimCheck::Rel::Gt}; }
 inline DimCheck operator>(DimExpr a, int64_t b) { return std::move(a) > constant(b); }
+inline DimCheck operator<=(DimExpr a, DimExpr b) { return {std::move(a), std::move(b), {}, DimCheck::Rel::Le}; }
+inline DimCheck operator<=(DimExpr a, int64_t b) { return std::move(a) <= constant(b); }
+inline DimCheck operator<(DimExpr a, DimExpr b) { return {std::move(a), std::move(b), {}, DimCheck::Rel::Lt}; }
+inline DimCheck operator<(DimExpr a, int64_t b) { return std::move(a) < constant(b); }
 
 struct ShapeRule {
   enum class Kind : int8_t { Broadcast, Same, Dims } kind = Kind::Dims;
@@ -128,14 +132,21 @@ struct OutputSpec {
   bool data_dependent() const;  // some dimension is data_dependent()
 };
 
-// How the exporters write the op into an ONNX graph. An op with a CPU kernel is exported as a
-// node of its library's domain (run by the library's ONNX Runtime custom op) unless a rule
-// below applies; an op without one needs a rule or a function body.
+// How the exporters write the op into an ONNX graph. An op with a CPU kernel is exported as its
+// own node (by default in its library's domain, run by the library's ONNX Runtime custom op)
+// unless a rule below applies; an op without one needs a rule or a function body.
 //
-// A rule writes the op as another op: a standard ai.onnx op from `min_opset` on (DeformConv from
-// 19, Resize from 13), or a custom op of this library (an existing PyTorch op of another
-// library, with another signature, written as this library's own node). Inputs and
-// attributes are mapped by name, so the two signatures need not agree.
+// A rule writes the op as another node, from ai.onnx opset `min_opset` on:
+//   Standard  a standard ai.onnx op (DeformConv from 19, Resize from 13);
+//   Library   the own node of an opbridge op: of this library, or of another opbridge library
+//             named by its PyTorch namespace ("<namespace>::<op>"), resolved when both are
+//             loaded. This is how an existing PyTorch op of another library (torchvision's,
+//             torch_cluster's) is exported as an opbridge node;
+//   Node      a node of any other domain that some runtime implements (ONNX Runtime's
+//             com.microsoft contrib ops, a vendor runtime's ops), spelled as given.
+// Inputs and attributes are mapped by name, so the two signatures need not agree. A rule may
+// state the dtypes its target takes in the runtime (target_types); for others the op's own node
+// is written instead.
 struct ExportInput {
   std::string name;  // an input of this op; "" writes an empty (omitted) slot
   std::string when;  // a bool attribute of this op; the input is written only when it is true
@@ -147,20 +158,32 @@ struct ExportAttr {
   AttrKind kind = AttrKind::Int;  // filled in by validate_spec
 };
 struct ExportRule {
-  std::string op_type;            // ai.onnx op type, or (library_op) the snake_case name of a library op
-  bool library_op = false;
+  enum class Target : int8_t { Standard, Library, Node };
+  Target target = Target::Standard;
+  std::string op_type;            // Standard, Node: the ONNX op type; Library: the op's snake_case name
+  std::string library;            // Library: the op's PyTorch namespace ("" or this library's: this library)
+  std::string domain;             // Node: the ONNX domain
   int min_opset = 1;              // ai.onnx opset version from which the rule applies
   std::vector<ExportInput> inputs;  // empty: this op's inputs, in order (filled in by resolve_export)
   std::vector<ExportInput> conditions;  // input_when(input, flag), applied to `inputs` by resolve_export
   std::vector<ExportAttr> attrs;    // empty: this op's attributes as they are
   bool maps_attrs = false;          // true once an attribute mapping is given (even to none)
-  // The node the rule writes, resolved by the registry: ("", op_type) for ai.onnx, or the
-  // library's domain and the library op's ONNX name (once that op is registered).
+  // Type constraint of this op -> the dtypes the target takes for it in the runtime; empty: all.
+  std::vector<TypeConstraint> target_types;
+  // Set when the target is much slower in ONNX Runtime than the op's own kernel: the rule is
+  // then written only for portable models (opbridge.export(..., portable=True)); this says why.
+  std::string portable_only;
+  // The node the rule writes: ("", op_type) for ai.onnx, (domain, op_type) for Node, and for a
+  // library op of this library its own node once that op is registered. A library op of another
+  // library is resolved by the export glue, which has every loaded library.
   std::string target_domain, target_type;
+  bool same_library() const;
 };
 
 struct ExportSpec {
   std::string onnx_name;          // the op's own ONNX type: CamelCase of the op name unless set
+  std::string onnx_domain;        // its domain: the library's unless set
+  int onnx_version = 0;           // the domain version of its schema: the library's unless set
   std::vector<ExportRule> rules;  // by ascending min_opset
   // An ONNX function (FunctionProto, in the library's domain) instead of a kernel: the body in
   // ONNX's textual syntax (onnx.parser), over the op's input and output names.

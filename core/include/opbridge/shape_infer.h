@@ -76,9 +76,13 @@ class ShapeInference {
     }
     for (const DimCheck& c : op_.checks) {
       D l = eval(c.lhs), r = eval(c.rhs);
-      bool ok = c.rel == DimCheck::Rel::Eq   ? T::eq(l, r)
-                : c.rel == DimCheck::Rel::Ge ? T::maybe_ge(l, r).value_or(true)   // undecided: the kernel's run decides
-                                             : T::maybe_gt(l, r).value_or(true);
+      // An undecided inequality (symbolic sizes) passes: the kernel's run decides.
+      using R = DimCheck::Rel;
+      bool ok = c.rel == R::Eq   ? T::eq(l, r)
+                : c.rel == R::Ge ? T::maybe_ge(l, r).value_or(true)
+                : c.rel == R::Gt ? T::maybe_gt(l, r).value_or(true)
+                : c.rel == R::Le ? T::maybe_ge(r, l).value_or(true)
+                                 : T::maybe_gt(r, l).value_or(true);
       if (!ok) throw Error(check_message(c, l, r));
     }
     std::vector<Dims> out;

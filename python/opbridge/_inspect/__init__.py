@@ -15,7 +15,7 @@ Layers, each importing only those above it: onnx_types (ONNX spellings), report 
 results), runtime (probing the installed ONNX Runtime), checker (one node), analysis (the model).
 """
 
-from .analysis import analyze, infer
+from .analysis import analyze, cannot_run, infer
 from .checker import Checker
 from .onnx_types import dims, domain_name, elem_type_name, graph_types, short_type, subgraphs, type_string
 from .report import MISSING, MODEL_FUNCTION, OPBRIDGE, ORT, ORT_FUNCTION, ModelReport, OpUse, Value, Verdict
@@ -33,6 +33,7 @@ __all__ = [
     "Value",
     "Verdict",
     "analyze",
+    "cannot_run",
     "clean_ort_message",
     "dims",
     "domain_name",

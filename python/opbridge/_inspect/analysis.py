@@ -89,7 +89,24 @@ def analyze(model: onnx.ModelProto, path: str = "") -> ModelReport:
         notes=notes,
         runtime=f"onnxruntime {ort.__version__} (CPU)",
         libraries=[{"name": lib.name, "onnx_domain": lib.onnx_domain,
+                    "domains": sorted(lib.domains),  # its own, and those its ops name for their nodes
                     "ort_library": str(lib.ort_path) if lib.ort_path else None} for lib in libs],
         node_verdicts=node_verdicts,
         model=inferred,
     )
+
+
+def cannot_run(model: onnx.ModelProto) -> list[str]:
+    """What the installed ONNX Runtime (with the loaded libraries) cannot run in this model, one
+    line per op (with the nodes' count and where) or header problem, each with inspect's advice;
+    empty when it can run everything."""
+    report = analyze(model)
+    lines = [f"{p.detail}: {p.advice}" for p in report.model_problems]
+    for use in report.ops:
+        if not use.verdict.missing:
+            continue
+        what = f"{domain_name(use.domain)}::{use.op_type}" + (f"-{use.since}" if use.since else "")
+        count = f"{use.count} node{'s' if use.count > 1 else ''}" + ("" if use.where == ["graph"] else
+                                                                   f" in {', '.join(use.where)}")
+        lines.append(f"{what} ({count}): {use.verdict.advice}")
+    return lines

@@ -70,8 +70,9 @@ class Checker:
         for lib in libs:
             self.library_domains[registry_domain(lib.onnx_domain)] = lib
             for op in lib.ops:
-                if registry_domain(op.onnx_domain) == registry_domain(lib.onnx_domain):
+                if op.has_own_node:  # in the library's domain, or one the op names
                     self.custom[(registry_domain(op.onnx_domain), op.onnx_type)] = op
+                    self.library_domains.setdefault(registry_domain(op.onnx_domain), lib)
 
     def resolve_since(self, domain: str, op_type: str, opset: int | None) -> int | None:
         """The version of the op's schema that an opset selects (as ONNX Runtime resolves it)."""

@@ -39,8 +39,10 @@ def export_summary(op) -> str:
     elif op.export_kind == "function":
         parts.append(f"{_domain(op.onnx_domain)}::{op.onnx_type} v{op.since_version} (function, opset {op.function.opset}+)")
     for r in op.export_rules:
-        target = f"{_domain(r.domain)}::{r.op_type}"
-        parts.append(f"{target} from opset {r.min_opset}" if r.min_opset > 1 else target)
+        target = f"{_domain(r.domain)}::{r.op_type}" if r.resolved else f"opbridge op {r.library_op}"
+        target += f" from opset {r.min_opset}" if r.min_opset > 1 else ""
+        target += "".join(f" for {t} in {{{', '.join(ds)}}}" for t, ds in r.target_types)
+        parts.append(target)
     return "; ".join(parts)
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 
 from .._export import export
-from .._kinds import DTYPES
+from .._kinds import DTYPES, dtype_of
 from .._manifest import OpInfo
 from .._registry import find_op
-from .._rules import ExportOptions, choose_target
+from .._rules import ExportOptions, choose_target, input_dtypes
 from .._export import default_opset
 
 
@@ -101,8 +101,10 @@ def export_case(case: OpCase, sample: Sample, exporter: str, dynamic_axes=None, 
     return model, tensors, proto
 
 
-def expected_node(info: OpInfo, exporter: str, custom_nodes: bool = False) -> tuple[str, str]:
-    t = choose_target(info, ExportOptions(default_opset(exporter), custom_nodes))
+def expected_node(info: OpInfo, exporter: str, inputs: Sequence = (), custom_nodes: bool = False) -> tuple[str, str]:
+    """The node the exporter writes for the op called on these inputs (their dtypes choose)."""
+    dtypes = [dtype_of(t.dtype).name if isinstance(t, torch.Tensor) else None for t in inputs]
+    t = choose_target(info, ExportOptions(default_opset(exporter), custom_nodes), input_dtypes(info, dtypes))
     return t.domain, t.op_type
 
 
