@@ -91,6 +91,10 @@ ONNXTensorElementDataType to_onnx(DType t) {
     case DType::Int64: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
     case DType::Bool: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
     case DType::UInt8: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+    case DType::Float16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    case DType::BFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+    case DType::Int8: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+    case DType::Int16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT16;
   }
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }

@@ -125,6 +125,10 @@ DType to_dtype(const OpSpec& op, const std::string& input, c10::ScalarType t) {
     case at::kLong: return DType::Int64;
     case at::kBool: return DType::Bool;
     case at::kByte: return DType::UInt8;
+    case at::kHalf: return DType::Float16;
+    case at::kBFloat16: return DType::BFloat16;
+    case at::kChar: return DType::Int8;
+    case at::kShort: return DType::Int16;
     default: break;
   }
   throw Error(detail::concat("input '", input, "' has dtype ", c10::toString(t), ", which opbridge kernels do not take"));
@@ -138,6 +142,10 @@ c10::ScalarType to_scalar_type(DType t) {
     case DType::Int64: return at::kLong;
     case DType::Bool: return at::kBool;
     case DType::UInt8: return at::kByte;
+    case DType::Float16: return at::kHalf;
+    case DType::BFloat16: return at::kBFloat16;
+    case DType::Int8: return at::kChar;
+    case DType::Int16: return at::kShort;
   }
   return at::kFloat;
 }

@@ -1,5 +1,6 @@
 // dual_residual(x, y, alpha) = (x·alpha − y, y·alpha − x): an op with a float attribute and two
-// outputs, from the "fuse a block into one ONNX op" example.
+// outputs, from the "fuse a block into one ONNX op" example. float16 and bfloat16 compute in
+// float32 and round once.
 #include <opbridge/elementwise.h>
 #include <opbridge/op.h>
 
@@ -11,16 +12,18 @@ void dual_residual_kernel(KernelContext& ctx) {
   const TensorView& y = ctx.input("y");
   TensorView& r1 = ctx.output(0);
   TensorView& r2 = ctx.output(1);
-  visit_dtype<float, double>(r1.dtype, [&](auto zero) {
+  visit_dtype<float, double, Float16, BFloat16>(r1.dtype, [&](auto zero) {
     using T = decltype(zero);
-    const T alpha = static_cast<T>(ctx.attr_float("alpha"));
+    using C = compute_t<T>;
+    const C alpha = static_cast<C>(ctx.attr_float("alpha"));
     const T* px = x.data_as<T>();
     const T* py = y.data_as<T>();
     T* p1 = r1.data_as<T>();
     T* p2 = r2.data_as<T>();
     broadcast_for_each<2>(ctx, r1.shape, {&x, &y}, [&](int64_t i, const std::array<int64_t, 2>& o) {
-      p1[i] = px[o[0]] * alpha - py[o[1]];
-      p2[i] = py[o[1]] * alpha - px[o[0]];
+      const C vx = widen(px[o[0]]), vy = widen(py[o[1]]);
+      p1[i] = narrow<T>(vx * alpha - vy);
+      p2[i] = narrow<T>(vy * alpha - vx);
     });
   });
 }
@@ -29,7 +32,7 @@ void dual_residual_kernel(KernelContext& ctx) {
 
 OPBRIDGE_OP(dual_residual)
     .doc("Returns (x*alpha - y, y*alpha - x), with numpy broadcasting of x and y.")
-    .types("T", {DType::Float32, DType::Float64})
+    .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
     .input("x", "T", "first operand")
     .input("y", "T", "second operand")
     .float_attr("alpha", 1.0, "scale applied to each operand before the other is subtracted")

@@ -26,7 +26,7 @@ TestMyAdd = op_test_suite(
             Sample((r([1]), r([1], seed=4)), name="one_element"),
         ],
         bad_inputs=[
-            BadInput((r([2, 3]).long(), r([2, 3]).long()), {}, "input 'a' has dtype int64; expected float32 or float64", "wrong_dtype"),
+            BadInput((r([2, 3]).long(), r([2, 3]).long()), {}, "input 'a' has dtype int64; expected float32, float64, float16 or bfloat16", "wrong_dtype"),
             BadInput((r([2, 3]), r([2, 3], "float64")), {}, "must have the same dtype", "mixed_dtypes"),
             BadInput((r([2, 3]), r([4])), {}, "cannot be broadcast", "mismatched_shapes"),
         ],

@@ -4,6 +4,7 @@
 
 #include <climits>
 #include <cmath>
+#include <random>
 
 #include <opbridge/testing/kernel_harness.h>
 #include "opbridge/op.h"
@@ -113,7 +114,7 @@ TEST(Attributes, DefaultsKindsAndMissing) {
 TEST(Types, ResolveAndReject) {
   const OpSpec& op = *registry().find("my_add");
   EXPECT_EQ(resolve_types(op, {DType::Float64, DType::Float64})[0], DType::Float64);
-  EXPECT_NE(error_of([&] { resolve_types(op, {DType::Int64, DType::Int64}); }).find("input 'a' has dtype int64; expected float32 or float64"), std::string::npos);
+  EXPECT_NE(error_of([&] { resolve_types(op, {DType::Int64, DType::Int64}); }).find("input 'a' has dtype int64; expected float32, float64, float16 or bfloat16"), std::string::npos);
   EXPECT_NE(error_of([&] { resolve_types(op, {DType::Float32, DType::Float64}); }).find("must have the same dtype"), std::string::npos);
 }
 
@@ -261,6 +262,54 @@ TEST(OwnNode, ChosenNameAndDomain) {
   EXPECT_EQ(plain.export_as.onnx_domain, this_library().onnx_domain);
   EXPECT_EQ(plain.export_as.onnx_name, "PlainThing");
   EXPECT_EQ(plain.export_as.onnx_version, this_library().onnx_domain_version);
+}
+}  // namespace
+}  // namespace opbridge
+
+namespace opbridge {
+namespace {
+// Reference conversions by exhaustive search: the nearest representable value, ties to the even
+// encoding (the one whose last bit is 0), over every finite 16-bit pattern.
+template <typename H>
+uint16_t nearest(float f) {
+  uint16_t best = 0;
+  double best_err = 1e300;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float v = to_float(H{static_cast<uint16_t>(b)});
+    if (!std::isfinite(v) || std::signbit(v) != std::signbit(f)) continue;
+    const double err = std::abs(static_cast<double>(v) - static_cast<double>(f));
+    if (err < best_err || (err == best_err && (b & 1) == 0)) best = static_cast<uint16_t>(b), best_err = err;
+  }
+  return best;
+}
+
+TEST(Half, ConversionsRoundToNearestEven) {
+  // Known encodings.
+  EXPECT_EQ(to_float16(1.0f).bits, 0x3c00);
+  EXPECT_EQ(to_float16(-2.0f).bits, 0xc000);
+  EXPECT_EQ(to_float16(65504.0f).bits, 0x7bff);
+  EXPECT_EQ(to_float16(65520.0f).bits, 0x7c00);  // halfway to the next power: rounds to inf
+  EXPECT_EQ(to_float16(5.9604644775390625e-8f).bits, 0x0001);  // the smallest subnormal
+  EXPECT_EQ(to_float16(2.98e-8f).bits, 0x0000);  // below half of it
+  EXPECT_TRUE(std::isnan(to_float(to_float16(std::nanf("")))));
+  EXPECT_EQ(to_bfloat16(1.0f).bits, 0x3f80);
+  EXPECT_EQ(to_bfloat16(3.140625f).bits, 0x4049);
+  EXPECT_TRUE(std::isnan(to_float(to_bfloat16(std::nanf("")))));
+  // Every 16-bit value converts to float and back unchanged.
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float f16 = to_float(Float16{static_cast<uint16_t>(b)}), bf = to_float(BFloat16{static_cast<uint16_t>(b)});
+    if (!std::isnan(f16)) EXPECT_EQ(to_float16(f16).bits, b);
+    if (!std::isnan(bf)) EXPECT_EQ(to_bfloat16(bf).bits, b);
+  }
+  // Floats between 16-bit values (ties included) round to the nearest, ties to even.
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> u(-70000.0f, 70000.0f);
+  std::vector<float> probes = {1.00048828125f, 1.00146484375f, 6.1035156e-05f, 3.0517578e-05f, 2049.0f, 2051.0f};
+  for (int i = 0; i < 200; ++i) probes.push_back(u(g) * std::pow(2.0f, -static_cast<float>(i % 40)));
+  for (float f : probes) {
+    if (std::abs(f) < 65504.0f) EXPECT_EQ(to_float16(f).bits, nearest<Float16>(f)) << f;
+    EXPECT_EQ(to_bfloat16(f).bits, nearest<BFloat16>(f)) << f;
+  }
 }
 }  // namespace
 }  // namespace opbridge

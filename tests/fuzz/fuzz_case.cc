@@ -24,6 +24,10 @@ int onnx_type_of(DType t) {
     case DType::Int64: return onnx_type::Int64;
     case DType::Bool: return onnx_type::Bool;
     case DType::UInt8: return onnx_type::UInt8;
+    case DType::Float16: return onnx_type::Float16;
+    case DType::BFloat16: return onnx_type::BFloat16;
+    case DType::Int8: return onnx_type::Int8;
+    case DType::Int16: return onnx_type::Int16;
   }
   return 0;
 }
@@ -39,7 +43,7 @@ size_t onnx_type_size(int t) {
     case onnx_type::Float: case onnx_type::Int32: return 4;
     case onnx_type::Double: case onnx_type::Int64: return 8;
     case onnx_type::UInt8: case onnx_type::Int8: case onnx_type::Bool: return 1;
-    case onnx_type::UInt16: case onnx_type::Float16: case onnx_type::BFloat16: return 2;
+    case onnx_type::UInt16: case onnx_type::Int16: case onnx_type::Float16: case onnx_type::BFloat16: return 2;
   }
   return 1;
 }
@@ -503,7 +507,7 @@ class Generator {
       case Mut::DtypeDisallowed: {
         size_t i = static_cast<size_t>(r_.range(0, static_cast<int64_t>(n_in()) - 1));
         const auto& allowed = op_.type(op_.inputs[i].type).allowed;
-        std::vector<int> others = {onnx_type::Int8, onnx_type::UInt16, onnx_type::Float16, onnx_type::BFloat16};
+        std::vector<int> others = {onnx_type::UInt16};  // a type opbridge has no name for, and every one the op refuses
         for (DType d : kAllDTypes)
           if (std::find(allowed.begin(), allowed.end(), d) == allowed.end()) others.push_back(onnx_type_of(d));
         type_[i] = r_.pick(others);
@@ -661,7 +665,7 @@ class Generator {
         case 6: v = constant; break;
         case 7: v = k < n / 2 ? 1.0 : r_.pick(std::vector<double>{0.5, 2, 1.5, 3, 0.25, 1.25, 4, 1}); break;  // scale-like
       }
-      p[k] = static_cast<T>(v);
+      p[k] = narrow<T>(static_cast<compute_t<T>>(v));  // rounds for the 16-bit floats
     }
   }
   // Integers: small values, cumulative counts that end at another input's leading size (the
@@ -706,6 +710,10 @@ class Generator {
         case onnx_type::Double: fill_float<double>(t, special); break;
         case onnx_type::Int32: fill_int<int32_t>(t, special); break;
         case onnx_type::Int64: fill_int<int64_t>(t, special); break;
+        case onnx_type::Float16: fill_float<Float16>(t, special); break;
+        case onnx_type::BFloat16: fill_float<BFloat16>(t, special); break;
+        case onnx_type::Int8: fill_int<int8_t>(t, special); break;
+        case onnx_type::Int16: fill_int<int16_t>(t, special); break;
         case onnx_type::Bool:
           for (size_t k = 0; k < t.nbytes; ++k) t.data[k] = std::byte(r_.range(0, 1));
           t.values = "bool";

@@ -20,8 +20,8 @@ namespace opbridge::fuzz {
 
 // ONNX TensorProto.DataType values the fuzzer writes (opbridge's six and a few it never takes).
 namespace onnx_type {
-inline constexpr int Float = 1, UInt8 = 2, Int8 = 3, UInt16 = 4, Int32 = 6, Int64 = 7, Bool = 9, Float16 = 10,
-                     Double = 11, BFloat16 = 16;
+inline constexpr int Float = 1, UInt8 = 2, Int8 = 3, UInt16 = 4, Int16 = 5, Int32 = 6, Int64 = 7, Bool = 9,
+                     Float16 = 10, Double = 11, BFloat16 = 16;
 }
 int onnx_type_of(DType t);
 std::optional<DType> dtype_of_onnx(int onnx_type);

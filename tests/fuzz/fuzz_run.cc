@@ -45,6 +45,10 @@ std::string value_at(DType t, const void* p, int64_t i) {
     case DType::Int32: os << static_cast<const int32_t*>(p)[i]; break;
     case DType::Int64: os << static_cast<const int64_t*>(p)[i]; break;
     case DType::Bool: case DType::UInt8: os << int(static_cast<const uint8_t*>(p)[i]); break;
+    case DType::Float16: os << to_float(static_cast<const Float16*>(p)[i]); break;
+    case DType::BFloat16: os << to_float(static_cast<const BFloat16*>(p)[i]); break;
+    case DType::Int8: os << int(static_cast<const int8_t*>(p)[i]); break;
+    case DType::Int16: os << static_cast<const int16_t*>(p)[i]; break;
   }
   return os.str();
 }

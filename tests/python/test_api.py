@@ -199,7 +199,7 @@ def test_dynamo_opset_floor_is_one_line():
 
 @pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
 def test_op_error_during_export_is_the_ops_own_message(exporter):
-    with pytest.raises(opbridge.OpbridgeError, match=r"^opbridge::my_add: input 'a' has dtype int64; expected float32 or float64$"):
+    with pytest.raises(opbridge.OpbridgeError, match=r"^opbridge::my_add: input 'a' has dtype int64; expected float32, float64, float16 or bfloat16$"):
         opbridge.export(MyAdd(), (torch.ones(2, dtype=torch.long), torch.ones(2, dtype=torch.long)), exporter=exporter)
 
 

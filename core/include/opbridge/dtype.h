@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <string_view>
 
+#include "opbridge/half.h"
+
 namespace opbridge {
 
-enum class DType : int8_t { Float32, Float64, Int32, Int64, Bool, UInt8 };
+enum class DType : int8_t { Float32, Float64, Int32, Int64, Bool, UInt8, Float16, BFloat16, Int8, Int16 };
 
-inline constexpr DType kAllDTypes[] = {DType::Float32, DType::Float64, DType::Int32,
-                                       DType::Int64,   DType::Bool,    DType::UInt8};
+inline constexpr DType kAllDTypes[] = {DType::Float32, DType::Float64,  DType::Int32, DType::Int64, DType::Bool,
+                                       DType::UInt8,   DType::Float16, DType::BFloat16, DType::Int8, DType::Int16};
 
 // "float32", "int64", ... (the names numpy and torch print).
 std::string_view dtype_name(DType t);
@@ -26,6 +28,10 @@ template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::Int3
 template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::Int64; };
 template <> struct DTypeOf<bool> { static constexpr DType value = DType::Bool; };
 template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::UInt8; };
+template <> struct DTypeOf<Float16> { static constexpr DType value = DType::Float16; };
+template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::BFloat16; };
+template <> struct DTypeOf<int8_t> { static constexpr DType value = DType::Int8; };
+template <> struct DTypeOf<int16_t> { static constexpr DType value = DType::Int16; };
 
 // Calls f(T{}) for the C++ type T of `t`, restricted to Ts. A dtype outside Ts means the op's
 // type constraints and its kernel disagree, which validation makes unreachable; it throws.
