@@ -22,7 +22,8 @@ OPBRIDGE_OP(deform_conv2d)
     .doc("Deformable 2-D convolution (v1; v2 with a modulation mask), as torchvision.ops.deform_conv2d: "
          "each kernel tap samples the input bilinearly at its regular position plus a learned offset, "
          "optionally scaled by a mask, then the samples are convolved with the weight.")
-    .types("T", {DType::Float32, DType::Float64})
+    // float16 / bfloat16 compute in float32 (sampling and GEMM) and round the output once.
+    .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
     .input("input", "T", "(N, C_in, H, W)", 4)
     .input("weight", "T", "(C_out, C_in/groups, kh, kw)", 4)
     .input("offset", "T",
@@ -55,8 +56,10 @@ OPBRIDGE_OP(deform_conv2d)
             "(N, C_out, H_out, W_out), H_out = (H + 2*pad_h - (dil_h*(kh - 1) + 1)) // stride_h + 1, W_out alike")
     .cpu(deform_conv2d_kernel)
     // ai.onnx DeformConv (opset 19) has this op's inputs in this order; its pads list both sides.
-    // Below 19, or with custom_nodes=True, the opbridge node runs this kernel instead.
+    // Below 19, or with custom_nodes=True, the opbridge node runs this kernel instead; so it does
+    // for the 16-bit types, which ONNX Runtime's DeformConv lacks.
     .export_as(ExportTo("DeformConv", 19)
+                   .target_types("T", {DType::Float32, DType::Float64})
                    .attr("strides", {"stride"})
                    .attr("pads", {"padding", "padding"})
                    .attr("dilations", {"dilation"})

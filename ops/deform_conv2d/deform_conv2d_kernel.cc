@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "deform_conv2d_variants.h"
+#include <opbridge/float32_copy.h>
 
 namespace opbridge {
 namespace {
@@ -279,6 +280,15 @@ void deform_conv2d_kernel(KernelContext& ctx) {
   TensorView& out = ctx.output(0);
   const Geometry g = geometry(ctx, input, weight, mask, out);
   if (out.numel() == 0) return;
+  if (is_16bit_float(out.dtype)) {
+    // float16 / bfloat16: the float32 kernel on float32 copies, rounded once at the end.
+    const TensorView in32 = float32_copy(ctx, input), w32 = float32_copy(ctx, weight), off32 = float32_copy(ctx, offset);
+    const TensorView b32 = bias ? float32_copy(ctx, *bias) : TensorView{}, m32 = mask ? float32_copy(ctx, *mask) : TensorView{};
+    TensorView out32 = float32_scratch(ctx, out);
+    if (input.numel() == 0) fill_bias<float>(ctx, g, bias ? &b32 : nullptr, out32);
+    else deform_conv2d_typed<float>(ctx, g, in32, w32, off32, bias ? &b32 : nullptr, mask ? &m32 : nullptr, out32);
+    return narrow_into(ctx, out32, out);
+  }
   visit_dtype<float, double>(out.dtype, [&](auto zero) {
     using T = decltype(zero);
     if (input.numel() == 0) return fill_bias<T>(ctx, g, bias, out);

@@ -80,31 +80,35 @@ void resize_bicubic_kernel(KernelContext& ctx) {
            "scales ", s[2], " x ", s[3], " give an output of shape ", shape_str({n, c, oh, ow}), ", which is too large");
   TensorView& y = ctx.allocate_output(0, {n, c, oh, ow});
   if (elements == 0) return;  // an empty batch: no tables, whatever the scale
-  visit_dtype<float, double>(x.dtype, [&](auto zero) {
+  // float16 / bfloat16 compute in float32 (as PyTorch's CPU kernel does) and round once.
+  visit_dtype<float, double, Float16, BFloat16>(x.dtype, [&](auto zero) {
     using T = decltype(zero);
-    const Taps<T> ty = taps<T>(h, oh, s[2]), tx = taps<T>(w, ow, s[3]);
+    using C = compute_t<T>;
+    const Taps<C> ty = taps<C>(h, oh, s[2]), tx = taps<C>(w, ow, s[3]);
     const T* px = x.data_as<T>();
     T* py = y.data_as<T>();
     // One task per output row of one image plane: rows are independent and contiguous.
     ctx.parallel_for(n * c * oh, std::max<int64_t>(1, 4096 / ow), [&](int64_t begin, int64_t end) {
-      std::vector<T> rows(4 * static_cast<size_t>(ow));
+      std::vector<C> rows(4 * static_cast<size_t>(ow));
       for (int64_t r = begin; r < end; ++r) {
         const int64_t plane = r / oh, oy = r % oh;
         const T* src = px + plane * h * w;
         // Horizontal pass for the 4 source rows, then the vertical combination.
         for (int k = 0; k < 4; ++k) {
           const T* line = src + ty.index[4 * oy + k] * w;
-          T* out = &rows[k * ow];
+          C* out = &rows[k * ow];
           for (int64_t ox = 0; ox < ow; ++ox) {
             const int64_t* ix = &tx.index[4 * ox];
-            const T* wx = &tx.weight[4 * ox];
-            out[ox] = line[ix[0]] * wx[0] + line[ix[1]] * wx[1] + line[ix[2]] * wx[2] + line[ix[3]] * wx[3];
+            const C* wx = &tx.weight[4 * ox];
+            out[ox] = widen(line[ix[0]]) * wx[0] + widen(line[ix[1]]) * wx[1] + widen(line[ix[2]]) * wx[2] +
+                      widen(line[ix[3]]) * wx[3];
           }
         }
-        const T* wy = &ty.weight[4 * oy];
+        const C* wy = &ty.weight[4 * oy];
         T* dst = py + r * ow;
         for (int64_t ox = 0; ox < ow; ++ox)
-          dst[ox] = rows[ox] * wy[0] + rows[ow + ox] * wy[1] + rows[2 * ow + ox] * wy[2] + rows[3 * ow + ox] * wy[3];
+          dst[ox] = narrow<T>(rows[ox] * wy[0] + rows[ow + ox] * wy[1] + rows[2 * ow + ox] * wy[2] +
+                              rows[3 * ow + ox] * wy[3]);
       }
     });
   });
@@ -115,7 +119,7 @@ void resize_bicubic_kernel(KernelContext& ctx) {
 OPBRIDGE_OP(resize_bicubic)
     .doc("Bicubic resize of an NCHW image by run-time scale factors (PyTorch's bicubic, align_corners=False); "
          "exported as ai.onnx Resize with a scales input.")
-    .types("T", {DType::Float32, DType::Float64})
+    .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
     .types("S", {DType::Float32})
     .input("x", "T", "images (N, C, H, W)", 4)
     .input("scales", "S", "scale factors (1, 1, scale_h, scale_w), as ONNX Resize takes them", 1)

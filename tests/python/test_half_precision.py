@@ -32,12 +32,29 @@ class DualResidual(torch.nn.Module):
         return opbridge.dual_residual(x, y, alpha=1.7)
 
 
-CASES = {"my_add": (MyAdd, [(5, 6), (6,)]), "dual_residual": (DualResidual, [(4, 1, 3), (2, 3)])}
+class DeformConv(torch.nn.Module):
+    def forward(self, x, weight, offset, bias, mask):
+        return opbridge.deform_conv2d(x, weight, offset, bias, mask, padding=[1, 1])
 
 
-def _inputs(shapes, dtype, seed=0):
+class Resize(torch.nn.Module):
+    def forward(self, x, scales):
+        return opbridge.resize_bicubic(x, scales)
+
+
+# op -> (model, input shapes, inputs kept in float32: resize_bicubic's scales are always float32)
+CASES = {
+    "my_add": (MyAdd, [(5, 6), (6,)], ()),
+    "dual_residual": (DualResidual, [(4, 1, 3), (2, 3)], ()),
+    "deform_conv2d": (DeformConv, [(2, 4, 7, 7), (6, 4, 3, 3), (2, 18, 7, 7), (6,), (2, 9, 7, 7)], ()),
+    "resize_bicubic": (Resize, [(1, 2, 6, 5)], (torch.tensor([1.0, 1.0, 2.0, 1.5]),)),
+}
+
+
+def _inputs(op, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return tuple((torch.randn(s, generator=g) * 40).to(dtype) for s in shapes)
+    shapes, fixed = CASES[op][1], CASES[op][2]
+    return tuple((torch.randn(s, generator=g) * 4).to(dtype) for s in shapes) + fixed
 
 
 def _float32_result(model, args):
@@ -48,8 +65,7 @@ def _float32_result(model, args):
 @pytest.mark.parametrize("dtype", FORMATS, ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("op", CASES)
 def test_eager_rounds_the_float32_result(op, dtype):
-    model, shapes = CASES[op][0](), CASES[op][1]
-    args = _inputs(shapes, dtype)
+    model, args = CASES[op][0](), _inputs(op, dtype)
     got = model(*args)
     got = [got] if isinstance(got, torch.Tensor) else list(got)
     for g, exact in zip(got, _float32_result(model, args)):
@@ -68,6 +84,9 @@ def _run_in_onnxruntime(m: onnx.ModelProto, args) -> list[torch.Tensor]:
     sess = opbridge.session(m)
     feeds = {}
     for i, a in zip(m.graph.input, args):
+        if a.dtype == torch.float32:
+            feeds[i.name] = ort.OrtValue.ortvalue_from_numpy(a.numpy())
+            continue
         onnx_type = onnx.TensorProto.FLOAT16 if a.dtype == torch.float16 else onnx.TensorProto.BFLOAT16
         feeds[i.name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(torch.int16).numpy(), onnx_type)
     return [torch.from_numpy(v.numpy()) for v in sess.run_with_ort_values(None, feeds)]
@@ -77,11 +96,12 @@ def _run_in_onnxruntime(m: onnx.ModelProto, args) -> list[torch.Tensor]:
 @pytest.mark.parametrize("dtype", FORMATS, ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("op", CASES)
 def test_onnxruntime_matches_eager_bit_for_bit(op, dtype, exporter):
-    model, shapes = CASES[op][0](), CASES[op][1]
-    args = _inputs(shapes, dtype, seed=1)
+    model, args = CASES[op][0](), _inputs(op, dtype, seed=1)
     m = opbridge.export(model, args, exporter=exporter)
     elem = onnx.TensorProto.FLOAT16 if dtype == torch.float16 else onnx.TensorProto.BFLOAT16
-    assert all(i.type.tensor_type.elem_type == elem for i in m.graph.input)
+    assert all(i.type.tensor_type.elem_type in (elem, onnx.TensorProto.FLOAT) for i in m.graph.input)
+    # Every node is opbridge's: ONNX Runtime's DeformConv and Resize have no 16-bit kernels.
+    assert all(n.domain == "opbridge" for n in m.graph.node), [(n.domain, n.op_type) for n in m.graph.node]
     eager = model(*args)
     eager = [eager] if isinstance(eager, torch.Tensor) else list(eager)
     got = _run_in_onnxruntime(m, args)
@@ -90,8 +110,32 @@ def test_onnxruntime_matches_eager_bit_for_bit(op, dtype, exporter):
         assert_rounded_from(g.to(dtype), exact)
 
 
+class Block(torch.nn.Module):
+    """A float16 block: deformable convolution, my_add, bicubic resize by run-time scales."""
+
+    def forward(self, x, weight, offset, bias, mask, scales):
+        y = opbridge.deform_conv2d(x, weight, offset, bias, mask, padding=[1, 1])
+        return opbridge.resize_bicubic(opbridge.my_add(y, y), scales)
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_float16_model_runs_in_onnxruntime_as_in_eager(exporter):
+    args = _inputs("deform_conv2d", torch.float16, seed=3) + (torch.tensor([1.0, 1.0, 1.5, 2.0]),)
+    m = opbridge.export(Block(), args, exporter=exporter)
+    assert {n.op_type for n in m.graph.node} == {"DeformConv2d", "MyAdd", "ResizeBicubic"}
+    report = opbridge.verify(Block(), args, m, rtol=0, atol=0)  # the same kernels: the same bits
+    assert report.ok, report.table()
+    # Each op is within half an ulp of its float32 result (checked above). Along the block, the
+    # intermediate roundings (relative 2^-11 of values up to max|y|) pass through the resize's
+    # cubic weights (absolute sum <= 1.5 per axis): a bound in units of the largest value.
+    exact = Block()(*(a.float() for a in args))
+    got = Block()(*args).float()
+    bound = 3 * 2.0**-11 * 1.5**2 * float(exact.abs().max())
+    assert float((got - exact).abs().max()) <= bound
+
+
 def test_float16_verify_and_mixed_precision_refusal():
-    a, b = _inputs([(3, 3), (3,)], torch.float16, seed=2)
+    a, b = _inputs("my_add", torch.float16, seed=2)
     m = opbridge.export(MyAdd(), (a, b))
     report = opbridge.verify(MyAdd(), (a, b), m, rtol=0, atol=0)
     assert report.ok, report.table()
