@@ -294,7 +294,10 @@ struct TorchLibrary {
           lib->def(schema_of(op, check, true).c_str());
           lib->impl(check.c_str(), torch::dispatch(c10::DispatchKey::Meta, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedOp>(op, true, true))));
         }
-        lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::Autograd, torch::autograd::autogradNotImplementedFallback()));
+        // Ops with a backward op get their autograd formula from the glue
+        // (torch.library.register_autograd); the others say clearly that none exists.
+        if (op.backward.empty())
+          lib->impl(op.name.c_str(), torch::dispatch(c10::DispatchKey::Autograd, torch::autograd::autogradNotImplementedFallback()));
       } catch (const c10::Error& e) {
         registry().add_error("op '" + op.name + "': PyTorch rejected schema '" + schema_of(op) +
                              "': " + e.what_without_backtrace());

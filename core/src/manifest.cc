@@ -114,7 +114,8 @@ json op_json(const OpSpec& op) {
   for (const DimCheck& c : op.checks) checks.push_back(c.str() + ": " + c.what);
   return {{"name", op.name}, {"qualified_name", op.qualified_name()}, {"defines_torch_op", op.defines_torch_op()},
           {"doc", op.doc}, {"export", export_json(op)}, {"types", std::move(types)}, {"inputs", std::move(inputs)},
-          {"attributes", std::move(attrs)}, {"outputs", std::move(outputs)}, {"checks", std::move(checks)}};
+          {"attributes", std::move(attrs)}, {"outputs", std::move(outputs)}, {"checks", std::move(checks)},
+          {"backward", op.backward}};
 }
 }  // namespace
 

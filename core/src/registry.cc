@@ -31,6 +31,29 @@ void check_library_target(const OpSpec& op, const ExportRule& r, const OpSpec& t
     for (const AttrSpec& a : op.attrs) check_attr(a.name, a.kind);
   }
 }
+// The backward op's arguments must name this op's: see OpBuilder::backward.
+void check_backward(const OpSpec& op, const OpSpec& bwd) {
+  auto where = [&] { return detail::concat("backward op '", bwd.name, "': "); };
+  OB_CHECK(bwd.cpu_kernel && bwd.defines_torch_op(), where(), "needs a kernel of its own");
+  auto is_output = [&](std::string_view n) {
+    for (const OutputSpec& o : op.outputs)
+      if (o.name == n) return true;
+    return false;
+  };
+  for (const InputSpec& in : bwd.inputs) {
+    const bool grad = in.name.rfind("grad_", 0) == 0 && is_output(std::string_view(in.name).substr(5));
+    OB_CHECK(grad || op.input_index(in.name) >= 0 || is_output(in.name), where(), "input '", in.name,
+             "' is neither grad_<output>, an input nor an output of '", op.name, "'");
+  }
+  for (const AttrSpec& a : bwd.attrs) {
+    const int i = op.attr_index(a.name);
+    OB_CHECK(i >= 0 && op.attrs[i].kind == a.kind, where(), "attribute '", a.name, "' must be an attribute of '",
+             op.name, "' of the same kind");
+  }
+  for (const OutputSpec& o : bwd.outputs)
+    OB_CHECK(o.name.rfind("grad_", 0) == 0 && op.input_index(std::string_view(o.name).substr(5)) >= 0, where(),
+             "output '", o.name, "' must be grad_<input> of '", op.name, "'");
+}
 }  // namespace
 
 void Registry::add(OpSpec spec) {
@@ -46,6 +69,18 @@ void Registry::add(OpSpec spec) {
   ops_.push_back(std::move(spec));
   // Rules of this op and of earlier ops that name a library op: resolved as soon as both exist.
   for (OpSpec& op : ops_) resolve_library_rules(op);
+  // A backward op is checked once both it and its op exist, i.e. when the later one is added
+  // (errors() reports one that never registers).
+  const OpSpec& added = ops_.back();
+  for (const OpSpec& op : ops_) {
+    const OpSpec* bwd = op.backward.empty() ? nullptr : find(op.backward);
+    if (!bwd || (&op != &added && bwd != &added)) continue;
+    try {
+      check_backward(op, *bwd);
+    } catch (const Error& e) {
+      errors_.push_back("op '" + op.name + "': " + e.what());
+    }
+  }
 }
 
 void Registry::resolve_library_rules(OpSpec& op) {
@@ -66,6 +101,9 @@ void Registry::resolve_library_rules(OpSpec& op) {
 
 std::vector<std::string> Registry::errors() const {
   std::vector<std::string> all = errors_;
+  for (const OpSpec& op : ops_)
+    if (!op.backward.empty() && !find(op.backward))
+      all.push_back("op '" + op.name + "': backward op '" + op.backward + "' is not defined in this library");
   for (const OpSpec& op : ops_)
     for (const ExportRule& r : op.export_as.rules)
       if (r.same_library() && r.target_type.empty())

@@ -7,9 +7,10 @@
 namespace opbridge {
 namespace {
 
+// Reads its inputs by position: the backward op runs this kernel too.
 void dual_residual_kernel(KernelContext& ctx) {
-  const TensorView& x = ctx.input("x");
-  const TensorView& y = ctx.input("y");
+  const TensorView& x = ctx.input(0);
+  const TensorView& y = ctx.input(1);
   TensorView& r1 = ctx.output(0);
   TensorView& r2 = ctx.output(1);
   visit_dtype<float, double, Float16, BFloat16>(r1.dtype, [&](auto zero) {
@@ -30,6 +31,18 @@ void dual_residual_kernel(KernelContext& ctx) {
 
 }  // namespace
 
+// r1 = x*alpha - y, r2 = y*alpha - x, so grad_x = alpha*grad_r1 - grad_r2 and grad_y =
+// alpha*grad_r2 - grad_r1: the op itself applied to the incoming gradients.
+OPBRIDGE_OP(dual_residual_backward)
+    .doc("The gradient of dual_residual: (alpha*grad_r1 - grad_r2, alpha*grad_r2 - grad_r1), at the outputs' shape.")
+    .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
+    .input("grad_r1", "T", "gradient of r1")
+    .input("grad_r2", "T", "gradient of r2, the shape of grad_r1")
+    .float_attr("alpha", 1.0, "dual_residual's alpha")
+    .output("grad_x", "T", shape::same({"grad_r1", "grad_r2"}), "alpha*grad_r1 - grad_r2")
+    .output("grad_y", "T", shape::same({"grad_r1", "grad_r2"}), "alpha*grad_r2 - grad_r1")
+    .cpu(dual_residual_kernel);
+
 OPBRIDGE_OP(dual_residual)
     .doc("Returns (x*alpha - y, y*alpha - x), with numpy broadcasting of x and y.")
     .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
@@ -38,6 +51,7 @@ OPBRIDGE_OP(dual_residual)
     .float_attr("alpha", 1.0, "scale applied to each operand before the other is subtracted")
     .output("r1", "T", shape::broadcast({"x", "y"}), "x*alpha - y")
     .output("r2", "T", shape::broadcast({"x", "y"}), "y*alpha - x")
-    .cpu(dual_residual_kernel);
+    .cpu(dual_residual_kernel)
+    .backward("dual_residual_backward");
 
 }  // namespace opbridge

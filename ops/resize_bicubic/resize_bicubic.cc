@@ -64,9 +64,13 @@ int64_t output_size(int64_t size, float scale, const char* axis, const char* nam
   return in_double;
 }
 
-void resize_bicubic_kernel(KernelContext& ctx) {
-  const TensorView& x = ctx.input("x");
-  const float* s = ctx.input("scales").data_as<float>();
+// The output's sizes for image x and the scales, every scale checked.
+struct Sizes {
+  int64_t n, c, h, w, oh, ow;
+  int64_t elements;  // n * c * oh * ow
+};
+
+Sizes sizes(const TensorView& x, const float* s) {
   for (int k = 0; k < 4; ++k)
     OB_CHECK(std::isfinite(s[k]) && s[k] > 0, "scales must be finite and positive, got scales[", k, "] = ", s[k]);
   OB_CHECK(s[0] == 1.0f && s[1] == 1.0f, "bicubic resize scales the two spatial axes only: scales[0] and scales[1] "
@@ -78,8 +82,54 @@ void resize_bicubic_kernel(KernelContext& ctx) {
   int64_t elements = 0;
   OB_CHECK(!__builtin_mul_overflow(n * c, oh, &elements) && !__builtin_mul_overflow(elements, ow, &elements),
            "scales ", s[2], " x ", s[3], " give an output of shape ", shape_str({n, c, oh, ow}), ", which is too large");
+  return {n, c, h, w, oh, ow, elements};
+}
+
+// The gradient with respect to x: the adjoint of the interpolation, each output gradient spread
+// over its 4 x 4 source pixels with the same weights. One task per image plane (planes do not
+// share pixels, so no two tasks write one value), accumulated in the compute type.
+void resize_bicubic_backward_kernel(KernelContext& ctx) {
+  const TensorView& g = ctx.input("grad_y");
+  const TensorView& x = ctx.input("x");
+  const float* s = ctx.input("scales").data_as<float>();
+  const Sizes z = sizes(x, s);
+  OB_CHECK(g.shape == Shape({z.n, z.c, z.oh, z.ow}), "grad_y must have the output's shape ",
+           shape_str({z.n, z.c, z.oh, z.ow}), ", got ", shape_str(g.shape));
+  TensorView& gx = ctx.output(0);
+  visit_dtype<float, double, Float16, BFloat16>(x.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    using C = compute_t<T>;
+    const Taps<C> ty = taps<C>(z.h, z.oh, s[2]), tx = taps<C>(z.w, z.ow, s[3]);
+    const T* pg = g.data_as<T>();
+    T* px = gx.data_as<T>();
+    ctx.parallel_for(z.n * z.c, 1, [&](int64_t begin, int64_t end) {
+      std::vector<C> acc(static_cast<size_t>(z.h * z.w));
+      for (int64_t plane = begin; plane < end; ++plane) {
+        std::fill(acc.begin(), acc.end(), C(0));
+        const T* src = pg + plane * z.oh * z.ow;
+        for (int64_t oy = 0; oy < z.oh; ++oy)
+          for (int k = 0; k < 4; ++k) {
+            C* row = &acc[ty.index[4 * oy + k] * z.w];
+            const C wy = ty.weight[4 * oy + k];
+            for (int64_t ox = 0; ox < z.ow; ++ox) {
+              const C v = wy * widen(src[oy * z.ow + ox]);
+              for (int j = 0; j < 4; ++j) row[tx.index[4 * ox + j]] += v * tx.weight[4 * ox + j];
+            }
+          }
+        T* dst = px + plane * z.h * z.w;
+        for (int64_t i = 0; i < z.h * z.w; ++i) dst[i] = narrow<T>(acc[i]);
+      }
+    });
+  });
+}
+
+void resize_bicubic_kernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input("x");
+  const float* s = ctx.input("scales").data_as<float>();
+  const Sizes z = sizes(x, s);
+  const int64_t n = z.n, c = z.c, h = z.h, w = z.w, oh = z.oh, ow = z.ow;
   TensorView& y = ctx.allocate_output(0, {n, c, oh, ow});
-  if (elements == 0) return;  // an empty batch: no tables, whatever the scale
+  if (z.elements == 0) return;  // an empty batch: no tables, whatever the scale
   // float16 / bfloat16 compute in float32 (as PyTorch's CPU kernel does) and round once.
   visit_dtype<float, double, Float16, BFloat16>(x.dtype, [&](auto zero) {
     using T = decltype(zero);
@@ -116,6 +166,19 @@ void resize_bicubic_kernel(KernelContext& ctx) {
 
 }  // namespace
 
+OPBRIDGE_OP(resize_bicubic_backward)
+    .doc("The gradient of resize_bicubic with respect to x (the scales are not differentiable).")
+    .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
+    .types("S", {DType::Float32})
+    .input("grad_y", "T", "gradient of y, (N, C, H_out, W_out)", 4)
+    .input("x", "T", "the forward's images (N, C, H, W); only their shape is read", 4)
+    .input("scales", "S", "the forward's scales", 1)
+    .check(dim("scales", 0) == 4, "scales must hold 4 values, one per axis of x")
+    .check(dim("grad_y", 0) == dim("x", 0), "grad_y must have the batch size of x")
+    .check(dim("grad_y", 1) == dim("x", 1), "grad_y must have the channels of x")
+    .output("grad_x", "T", shape::same({"x"}), "gradient of x")
+    .cpu(resize_bicubic_backward_kernel);
+
 OPBRIDGE_OP(resize_bicubic)
     .doc("Bicubic resize of an NCHW image by run-time scale factors (PyTorch's bicubic, align_corners=False); "
          "exported as ai.onnx Resize with a scales input.")
@@ -127,6 +190,7 @@ OPBRIDGE_OP(resize_bicubic)
     .output("y", "T", shape::dims({dim("x", 0), dim("x", 1), data_dependent(), data_dependent()}),
             "(N, C, floor(H * scale_h), floor(W * scale_w))")
     .cpu(resize_bicubic_kernel)
+    .backward("resize_bicubic_backward")
     // Resize 13 takes an empty roi. Cubic with a = -0.75 and half_pixel is PyTorch's bicubic rule
     // exactly: pytorch_half_pixel would map every output of a length-1 axis to source 0.
     // ONNX Runtime resizes float32 only: float64 images keep opbridge's own node. Its cubic

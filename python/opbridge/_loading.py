@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from . import _manifest, _registry
+from ._autograd import register_autograd
 from ._errors import OpbridgeError
 from ._fake import register_fakes
 from ._manifest import Library
@@ -44,6 +45,7 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
                 f"'{other.name}' ({other.torch_path}); give each op library its own ONNX_DOMAIN"
             )
     register_fakes(lib)
+    register_autograd(lib)
     register_schemas(lib)
     register_torchscript_symbolics(lib)
     _registry.add(lib)

@@ -173,6 +173,7 @@ class OpInfo:
     attributes: tuple[AttributeSpec, ...]
     outputs: tuple[OutputSpec, ...]
     checks: tuple[str, ...]  # the spec's dimension checks, printed
+    backward: str = ""  # the op of the library that computes the gradient; "": none
 
     def type_constraint(self, name: str) -> TypeConstraint:
         return _named(self.types, name, f"{self.qualified_name} has no type constraint")
@@ -324,4 +325,5 @@ def _op(lib: Library, m: dict) -> OpInfo:
         attributes=tuple(_attribute(a, m["name"]) for a in m["attributes"]),
         outputs=tuple(_output(o) for o in m["outputs"]),
         checks=tuple(m["checks"]),
+        backward=m["backward"],
     )

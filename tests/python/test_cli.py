@@ -143,7 +143,7 @@ def test_ops_json_lists_every_loaded_op():
     # Concrete values, not only agreement with the loader.
     dr = got["dual_residual"]
     assert dr["export"]["own_node"]["domain"] == "opbridge" and dr["export"]["own_node"]["op_type"] == "DualResidual"
-    assert dr["inputs"][0]["dtypes"] == ["float32", "float64"]
+    assert dr["inputs"][0]["dtypes"] == ["float32", "float64", "float16", "bfloat16"]
     asinh = got["asinh"]["export"]
     assert asinh["kind"] == "kernel" and asinh["own_node"]["op_type"] == "Asinh"
     assert [(r["domain"], r["op_type"], r["min_opset"], r["target_types"]) for r in asinh["rules"]] == [

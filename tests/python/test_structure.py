@@ -22,7 +22,7 @@ LAYERS = [
     ("manifest", {"_manifest"}),  # a library and its ops, read once from its manifest
     ("registry", {"_registry"}),  # the libraries loaded in this process
     ("rules", {"_rules"}),  # which node writes an op at an opset; argument mapping
-    ("exporters", {"_schemas", "_fake", "_dynamo", "_torchscript", "_functions", "_naming"}),
+    ("exporters", {"_schemas", "_fake", "_autograd", "_dynamo", "_torchscript", "_functions", "_naming"}),
     ("loading", {"_loading"}),  # load_library wires the exporters to a library
     ("inspect", {"_inspect"}),  # what the installed ONNX Runtime can run (export checks it)
     ("api", {"_export", "_session"}),

@@ -134,6 +134,13 @@ class OpBuilder {
     return *this;
   }
   OpBuilder& cpu(KernelFn fn) { spec_.cpu_kernel = fn; return *this; }
+  // The gradient: `op` is another op of this library whose arguments are named after this op's:
+  // inputs grad_<output> (the incoming gradient of an output), <input> or <output> (a forward
+  // value it needs, saved by autograd), attributes of the same name as this op's; outputs
+  // grad_<input> for each input it differentiates (others get no gradient). A gradient of a
+  // broadcast input's shape is summed down to it by the glue. Integer outputs are not
+  // differentiable.
+  OpBuilder& backward(std::string op) { spec_.backward = std::move(op); return *this; }
 
   // Export as a standard ai.onnx op from `min_opset` on, inputs and attributes as they are; an
   // op with a kernel keeps its own node below that opset (and on request, see opbridge.export).

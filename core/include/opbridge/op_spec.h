@@ -202,6 +202,8 @@ struct OpSpec {
   std::vector<DimCheck> checks;
   ExportSpec export_as;
   KernelFn cpu_kernel = nullptr;
+  // The op of this library that computes the gradient (see OpBuilder::backward); "": none.
+  std::string backward;
 
   const TypeConstraint& type(const std::string& name) const;
   int input_index(std::string_view name) const;  // -1 when absent

@@ -37,6 +37,9 @@ class Sample:
     dynamic: dict[int, list[int]] | None = None
     # Why ONNX Runtime cannot run this sample (e.g. a builtin kernel lacks the dtype); None: it can.
     no_onnxruntime: str | None = None
+    # Why finite differences say nothing here (e.g. the op is not differentiable at these values,
+    # such as a nearest-neighbour set with exact ties); None: gradcheck runs.
+    no_gradcheck: str | None = None
 
 
 @dataclasses.dataclass

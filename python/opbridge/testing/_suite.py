@@ -69,6 +69,28 @@ def op_test_suite(case: OpCase) -> type:
                 pytest.skip(f"{info().qualified_name} is PyTorch's own op")
             torch.library.opcheck(info().overload, sample.inputs, sample.attrs)
 
+        @pytest.mark.parametrize("sample", samples, ids=ids)
+        def test_gradcheck(self, sample):
+            # The backward op against finite differences of the forward, in float64; opcheck
+            # (above) checks the autograd registration itself.
+            if not info().backward:
+                pytest.skip(f"{info().qualified_name} declares no gradient")
+            if sample.no_gradcheck:
+                pytest.skip(sample.no_gradcheck)
+            # Inputs that can be float64 are, and get gradients; others (e.g. float32 scales) stay.
+            doubles = ["float64" in info().type_constraint(s.type).dtypes for s in info().inputs]
+            inputs = [t.detach().double().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                      and d else t for t, d in zip(sample.inputs, doubles + [False] * len(sample.inputs))]
+            if not any(isinstance(t, torch.Tensor) and t.requires_grad and t.numel() for t in inputs):
+                pytest.skip("no non-empty floating-point input")
+            def finite_outputs(*ts):
+                # The differentiable outputs; infinite values (e.g. padding distances) have no
+                # finite differences, and their gradient is 0 either way.
+                outs = as_list(info().overload(*ts, **sample.attrs))
+                return tuple(torch.where(torch.isfinite(o), o, 0) for o in outs if o.is_floating_point())
+
+            assert torch.autograd.gradcheck(finite_outputs, tuple(inputs))
+
         @pytest.mark.parametrize("exporter", EXPORTERS)
         @pytest.mark.parametrize("sample", samples, ids=ids)
         def test_export_runs_in_onnxruntime(self, sample, exporter):
