@@ -3,6 +3,7 @@
 // the kernel (one k-d tree per segment) is in knn_query_kernel.cc.
 #include <cmath>
 
+#include <opbridge/float32_copy.h>
 #include <opbridge/op.h>
 
 #include "knn_query_kernel.h"
@@ -16,13 +17,17 @@ namespace {
 // grad_new_xyz (which then has no input to belong to) stays 0. Serial over the query rows of a
 // point's gradient, which several queries may share.
 void knn_query_backward_kernel(KernelContext& ctx) {
-  const TensorView& g = ctx.input("grad_dist");
-  const TensorView& xyz = ctx.input("xyz");
-  const TensorView* new_xyz = ctx.optional_input("new_xyz");
   const TensorView& idx = ctx.input("idx");
-  const TensorView& dist = ctx.input("dist");
-  TensorView& gp = ctx.output(0);
-  TensorView& gq = ctx.output(1);
+  // 16-bit types: float32 copies in, float32 sums, rounded once into the outputs.
+  const TensorView g = float32_copy(ctx, ctx.input("grad_dist"));
+  const TensorView xyz = float32_copy(ctx, ctx.input("xyz"));
+  const TensorView dist = float32_copy(ctx, ctx.input("dist"));
+  const TensorView* new_xyz_in = ctx.optional_input("new_xyz");
+  const TensorView q32 = new_xyz_in ? float32_copy(ctx, *new_xyz_in) : TensorView{};
+  const TensorView* new_xyz = new_xyz_in ? &q32 : nullptr;
+  const bool narrowed = is_16bit_float(ctx.output(0).dtype);
+  TensorView gp = narrowed ? float32_scratch(ctx, ctx.output(0)) : ctx.output(0);
+  TensorView gq = narrowed ? float32_scratch(ctx, ctx.output(1)) : ctx.output(1);
   visit_dtype<float, double>(xyz.dtype, [&](auto zero) {
     using T = decltype(zero);
     const T* p = xyz.data_as<T>();
@@ -50,13 +55,17 @@ void knn_query_backward_kernel(KernelContext& ctx) {
         }
       }
   });
+  if (narrowed) {
+    narrow_into(ctx, gp, ctx.output(0));
+    narrow_into(ctx, gq, ctx.output(1));
+  }
 }
 
 }  // namespace
 
 OPBRIDGE_OP(knn_query_backward)
     .doc("The gradient of knn_query's distances with respect to xyz and new_xyz (idx is not differentiable).")
-    .types("T", {DType::Float32, DType::Float64})
+    .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
     .types("I", {DType::Int32})
     .input("grad_dist", "T", "(m, k) gradient of dist", 2)
     .input("xyz", "T", "(n, 3) the forward's points", 2)
@@ -80,7 +89,8 @@ OPBRIDGE_OP(knn_query)
          "KNNQuery). Segments are given by cumulative end offsets. Returns global row indices into xyz, nearest "
          "first, ties broken by the smaller index, and Euclidean distances; slots beyond a segment's size are "
          "index -1, distance +inf.")
-    .types("T", {DType::Float32, DType::Float64})
+    // float16 / bfloat16 coordinates: distances computed in float32, rounded to the input type.
+    .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
     .types("I", {DType::Int32, DType::Int64})
     .input("xyz", "T", "(n, 3) points", 2)
     .input("offset", "I", "(b,) cumulative end row of each segment of xyz", 1)

@@ -7,6 +7,8 @@
 // with FMA contraction enabled would break the first point; the default x86-64 flags do not.)
 #include "knn_query_kernel.h"
 
+#include <opbridge/float32_copy.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -457,9 +459,9 @@ void query_all(KernelContext& ctx, const Forest<T>& f, const T* qxyz, int64_t m,
 }
 
 template <typename T>
-void knn(KernelContext& ctx, int64_t k) {
-  const TensorView& xyz_t = ctx.input("xyz");
-  const TensorView* new_xyz_t = ctx.optional_input("new_xyz");
+// The points as T: the op's inputs, or their float32 copies for the 16-bit types (then out_dist
+// is float32 scratch, rounded into the output by the caller).
+void knn(KernelContext& ctx, int64_t k, const TensorView& xyz_t, const TensorView* new_xyz_t, T* out_dist) {
   const TensorView* new_offset_t = ctx.optional_input("new_offset");
   // Shape rules treat each optional input alone: only the kernel can pair them.
   OB_CHECK((new_xyz_t == nullptr) == (new_offset_t == nullptr), "new_xyz and new_offset must be given together");
@@ -477,7 +479,6 @@ void knn(KernelContext& ctx, int64_t k) {
   if (new_xyz_t) check_finite(qxyz, m, "new_xyz");
 
   int32_t* out_idx = ctx.output(0).data_as<int32_t>();
-  T* out_dist = ctx.output(1).data_as<T>();
   if (m == 0) return;
   const Forest<T> f = forest_for(ctx, xyz, n, pb, qb);
   query_all(ctx, f, qxyz, m, qb, k, out_idx, out_dist);
@@ -487,7 +488,22 @@ void knn(KernelContext& ctx, int64_t k) {
 
 void knn_query_kernel(KernelContext& ctx) {
   const int64_t k = ctx.attr_int("k");  // >= 1: a spec check
-  visit_dtype<float, double>(ctx.input("xyz").dtype, [&](auto zero) { knn<decltype(zero)>(ctx, k); });
+  const TensorView& xyz = ctx.input("xyz");
+  const TensorView* new_xyz = ctx.optional_input("new_xyz");
+  TensorView& dist = ctx.output(1);
+  if (is_16bit_float(xyz.dtype)) {
+    // Distances computed in float32 on the 16-bit coordinates (order and ties decided there),
+    // rounded to the input's type once.
+    const TensorView xyz32 = float32_copy(ctx, xyz);
+    const TensorView q32 = new_xyz ? float32_copy(ctx, *new_xyz) : TensorView{};
+    TensorView dist32 = float32_scratch(ctx, dist);
+    knn<float>(ctx, k, xyz32, new_xyz ? &q32 : nullptr, dist32.data_as<float>());
+    return narrow_into(ctx, dist32, dist);
+  }
+  visit_dtype<float, double>(xyz.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    knn<T>(ctx, k, xyz, new_xyz, dist.data_as<T>());
+  });
 }
 
 }  // namespace opbridge

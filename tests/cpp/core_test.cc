@@ -298,8 +298,12 @@ TEST(Half, ConversionsRoundToNearestEven) {
   // Every 16-bit value converts to float and back unchanged.
   for (uint32_t b = 0; b < 0x10000; ++b) {
     const float f16 = to_float(Float16{static_cast<uint16_t>(b)}), bf = to_float(BFloat16{static_cast<uint16_t>(b)});
-    if (!std::isnan(f16)) EXPECT_EQ(to_float16(f16).bits, b);
-    if (!std::isnan(bf)) EXPECT_EQ(to_bfloat16(bf).bits, b);
+    if (!std::isnan(f16)) {
+      EXPECT_EQ(to_float16(f16).bits, b);
+    }
+    if (!std::isnan(bf)) {
+      EXPECT_EQ(to_bfloat16(bf).bits, b);
+    }
   }
   // Floats between 16-bit values (ties included) round to the nearest, ties to even.
   std::mt19937 g(7);
@@ -307,7 +311,9 @@ TEST(Half, ConversionsRoundToNearestEven) {
   std::vector<float> probes = {1.00048828125f, 1.00146484375f, 6.1035156e-05f, 3.0517578e-05f, 2049.0f, 2051.0f};
   for (int i = 0; i < 200; ++i) probes.push_back(u(g) * std::pow(2.0f, -static_cast<float>(i % 40)));
   for (float f : probes) {
-    if (std::abs(f) < 65504.0f) EXPECT_EQ(to_float16(f).bits, nearest<Float16>(f)) << f;
+    if (std::abs(f) < 65504.0f) {
+      EXPECT_EQ(to_float16(f).bits, nearest<Float16>(f)) << f;
+    }
     EXPECT_EQ(to_bfloat16(f).bits, nearest<BFloat16>(f)) << f;
   }
 }

@@ -142,3 +142,29 @@ def test_float16_verify_and_mixed_precision_refusal():
     with pytest.raises(RuntimeError, match="opbridge::my_add: inputs 'a' \\(float16\\) and 'b' \\(float32\\) must have "
                                            "the same dtype"):
         opbridge.my_add(a, b.float())
+
+
+class Knn(torch.nn.Module):
+    def forward(self, xyz, offset, new_xyz, new_offset):
+        return opbridge.knn_query(xyz, offset, new_xyz, new_offset, k=5)
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_knn_on_float16_coordinates(exporter):
+    # Neighbours and distances computed in float32 on the float16 coordinates; the distances are
+    # rounded to float16 once.
+    g = torch.Generator().manual_seed(4)
+    xyz, q = torch.rand(60, 3, generator=g).half(), torch.rand(20, 3, generator=g).half()
+    off, qoff = torch.tensor([30, 60], dtype=torch.int32), torch.tensor([8, 20], dtype=torch.int32)
+    idx, dist = Knn()(xyz, off, q, qoff)
+    idx32, dist32 = Knn()(xyz.float(), off, q.float(), qoff)
+    assert dist.dtype == torch.float16 and torch.equal(idx, idx32)
+    assert_rounded_from(dist, dist32)
+    m = opbridge.export(Knn(), (xyz, off, q, qoff), exporter=exporter)
+    report = opbridge.verify(Knn(), (xyz, off, q, qoff), m, rtol=0, atol=0)
+    assert report.ok, report.table()
+    # The gradient runs in float16 too (computed in float32).
+    xyz_g = xyz.clone().requires_grad_()
+    _, d = Knn()(xyz_g, off, q, qoff)
+    (gx,) = torch.autograd.grad(d.float().sum(), xyz_g)
+    assert gx.dtype == torch.float16 and bool(torch.isfinite(gx).all())
