@@ -8,6 +8,7 @@ PyTorch exporters, ONNX schemas, and an ONNX Runtime kernel — and verify they 
     print(opbridge.verify(model, (a, b), onnx_model))                     # ORT vs eager
 """
 
+from ._build import load, load_inline
 from ._dynamo import translation_table
 from ._errors import OpbridgeError
 from ._export import EXPORTERS, export
@@ -49,6 +50,8 @@ __all__ = [
     "declare_node",
     "export",
     "libraries",
+    "load",
+    "load_inline",
     "load_library",
     "session",
     "session_options",

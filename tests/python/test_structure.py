@@ -25,7 +25,7 @@ LAYERS = [
     ("exporters", {"_schemas", "_fake", "_autograd", "_dynamo", "_torchscript", "_functions", "_naming"}),
     ("loading", {"_loading"}),  # load_library wires the exporters to a library
     ("inspect", {"_inspect"}),  # what the installed ONNX Runtime can run (export checks it)
-    ("api", {"_export", "_session"}),
+    ("api", {"_export", "_session", "_build"}),
     ("verify", {"_verify"}),  # export's input order + a session
     ("package", {"__init__"}),
     ("tools", {"testing", "cli", "_graph", "_triton", "__main__"}),

@@ -1,0 +1,199 @@
+"""opbridge.load_inline / opbridge.load: op definitions compiled at run time from a string or
+files into both libraries (lib<name>_torch.so, lib<name>_ort.so) through the installed CMake
+package (opbridge_add_op_library, as an out-of-tree project uses it), then loaded.
+
+Builds are cached by a hash of everything that decides the binaries (sources, names, flags, the
+compiler, opbridge's build, torch, Python): a second call, in this process or another, loads the
+cached libraries without building. Each cache entry has a lock file; a build happens in a
+temporary folder that is renamed into place when complete, so concurrent callers wait for one
+build and a killed build leaves nothing that looks finished."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+from ._errors import OpbridgeError
+from ._loading import build_info, cmake_prefix_path, load_library
+from ._manifest import Library
+from ._registry import libraries
+
+_LIBRARY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DONE = "entry.json"  # written last: an entry without it was never finished
+
+
+def load_inline(name: str, source: str, *, torch_namespace: str | None = None, onnx_domain: str | None = None,
+                extra_cflags: Sequence[str] = (), build_directory: str | os.PathLike | None = None,
+                verbose: bool = False) -> Library:
+    """Compiles op definitions given as C++ source text (what an op file of an out-of-tree
+    library holds: `#include <opbridge/op.h>` and OPBRIDGE_OP definitions) into an op library
+    called `name` and loads it: torch.ops.<torch_namespace, default name>.<op>, ONNX domain
+    `onnx_domain` (default the namespace), its ONNX Runtime library at `.ort_path`. Compiler
+    errors name lines of `<name>.cc`, the source text."""
+    return _load(name, [(f"{name}.cc", source, None)], torch_namespace, onnx_domain, extra_cflags, build_directory,
+                 verbose)
+
+
+def load(name: str, sources: Iterable[str | os.PathLike], *, torch_namespace: str | None = None,
+         onnx_domain: str | None = None, extra_cflags: Sequence[str] = (),
+         build_directory: str | os.PathLike | None = None, verbose: bool = False) -> Library:
+    """As load_inline, from source files (compiler errors name them)."""
+    files = []
+    for s in sources:
+        path = Path(s).resolve()
+        if not path.is_file():
+            raise OpbridgeError(f"load('{name}'): no source file {path}")
+        files.append((path.name, path.read_text(), path))
+    if not files:
+        raise OpbridgeError(f"load('{name}'): no sources")
+    return _load(name, files, torch_namespace, onnx_domain, extra_cflags, build_directory, verbose)
+
+
+def cache_root() -> Path:
+    """Where builds are cached: $OPBRIDGE_JIT_DIR, else $XDG_CACHE_HOME/opbridge/jit (default
+    ~/.cache/opbridge/jit). Deleting it clears the cache."""
+    env = os.environ.get("OPBRIDGE_JIT_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opbridge" / "jit"
+
+
+def _load(name, files, torch_namespace, onnx_domain, extra_cflags, build_directory, verbose) -> Library:
+    if not _LIBRARY_NAME.fullmatch(name):
+        raise OpbridgeError(f"op library name '{name}' is not an identifier (it names the library files and target)")
+    ns = torch_namespace or name
+    domain = onnx_domain or ns
+    flags = [str(f) for f in extra_cflags]
+    compiler = _compiler()
+    key = _key(name, ns, domain, flags, files, compiler)
+    root = Path(build_directory) if build_directory is not None else cache_root()
+    entry = root / f"{name}-{key[:16]}"
+    torch_path = entry / f"lib{name}_torch.so"
+    for lib in libraries():
+        if lib.torch_namespace == ns and lib.torch_path != torch_path.resolve():
+            raise OpbridgeError(f"op library '{name}': torch namespace '{ns}' is already loaded from {lib.torch_path}; "
+                                "a process holds one version of a namespace: give the new source another name or "
+                                "namespace, or start a new process")
+    root.mkdir(parents=True, exist_ok=True)
+    if not (entry / _DONE).exists():
+        with _locked(root / f"{entry.name}.lock"):
+            if not (entry / _DONE).exists():  # another process may have built it meanwhile
+                _build(name, ns, domain, flags, files, compiler, root, entry, verbose)
+    elif verbose:
+        print(f"opbridge: op library '{name}' from the cache ({entry})", file=sys.stderr)
+    return load_library(torch_path, entry / f"lib{name}_ort.so")
+
+
+def _compiler() -> str:
+    found = shutil.which(os.environ.get("CXX", "")) if os.environ.get("CXX") else None
+    found = found or shutil.which("c++") or shutil.which("g++")
+    if not found:
+        raise OpbridgeError("no C++ compiler found (c++, g++, or $CXX): install one, e.g. apt-get install g++")
+    return found
+
+
+def _key(name, ns, domain, flags, files, compiler) -> str:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    what = {"name": name, "namespace": ns, "domain": domain, "flags": flags,
+            "sources": [(n, text, str(p) if p else None) for n, text, p in files],
+            "compiler": [compiler, version], "opbridge": build_info(), "torch": torch.__version__,
+            "python": sys.version, "platform": sys.platform}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _cmake_lists(name, ns, domain, flags, sources: list[str]) -> str:
+    quoted = " ".join(f'"{s}"' for s in sources)
+    options = " ".join(f'"{f}"' for f in flags)
+    return (f"cmake_minimum_required(VERSION 3.24)\nproject({name}_jit LANGUAGES CXX)\nset(CMAKE_CXX_STANDARD 17)\n"
+            "find_package(opbridge REQUIRED)\n"
+            f"opbridge_add_op_library({name} SOURCES {quoted} TORCH_NAMESPACE {ns} ONNX_DOMAIN {domain})\n"
+            + (f"target_compile_options({name}_ops PRIVATE {options})\n" if flags else ""))
+
+
+def _build(name, ns, domain, flags, files, compiler, root: Path, entry: Path, verbose: bool) -> None:
+    for tool in ("cmake", "ninja"):
+        if not shutil.which(tool):
+            raise OpbridgeError(f"op library '{name}': building needs {tool}; install it, e.g. apt-get install "
+                                f"{'ninja-build' if tool == 'ninja' else 'cmake'}")
+    work = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=root))
+    src, build, log_path = work / "src", work / "build", work / "build.log"
+    src.mkdir()
+    sources = []
+    for file_name, text, path in files:
+        if path is None:  # inline text: a file of its own, so compiler errors name its lines
+            (src / file_name).write_text(text)
+            sources.append(str(src / file_name))
+        else:
+            sources.append(str(path))
+    (src / "CMakeLists.txt").write_text(_cmake_lists(name, ns, domain, flags, sources))
+    print(f"opbridge: building op library '{name}' (first use of this source; cached in {entry})", file=sys.stderr)
+    start = time.perf_counter()
+    prefix = f"{cmake_prefix_path()};{torch.utils.cmake_prefix_path}"
+    steps = [("configure", ["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                            f"-DCMAKE_CXX_COMPILER={compiler}", f"-DCMAKE_PREFIX_PATH={prefix}"]),
+             ("compile", ["cmake", "--build", str(build)])]
+    with open(log_path, "w") as log:
+        for step, cmd in steps:
+            t0 = time.perf_counter()
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            log.write(f"$ {' '.join(cmd)}\n{r.stdout}\n")
+            if verbose:
+                sys.stderr.write(r.stdout)
+            if r.returncode != 0:
+                log.flush()
+                kept = root / f"{entry.name}.failed.log"
+                shutil.copy(log_path, kept)
+                shutil.rmtree(work, ignore_errors=True)
+                raise OpbridgeError(_failure(name, step, r.stdout, src, kept))
+            print(f"opbridge:   {step}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    for lib in (f"lib{name}_torch.so", f"lib{name}_ort.so"):
+        shutil.copy2(build / lib, work / lib)
+    shutil.rmtree(build)
+    seconds = time.perf_counter() - start
+    (work / _DONE).write_text(json.dumps({"name": name, "torch_namespace": ns, "onnx_domain": domain,
+                                          "build_seconds": round(seconds, 2)}))
+    if entry.exists():  # an unfinished entry from a killed build: never loaded, replace it
+        shutil.rmtree(entry)
+    os.rename(work, entry)
+    print(f"opbridge: built op library '{name}' in {seconds:.1f} s", file=sys.stderr)
+
+
+def _failure(name: str, step: str, output: str, src: Path, log: Path) -> str:
+    """The compiler's own error lines (and the notes that follow them), with inline sources named
+    by their file name, instead of the whole build log."""
+    lines = output.replace(str(src) + "/", "").splitlines()
+    picked, keep = [], 0
+    for line in lines:
+        if re.search(r":\d+:\d+: (fatal )?error:", line) or re.search(r"\berror:", line) and "CMake" not in line:
+            picked.append(line)
+            keep = 3  # the compiler's context: the source line and its caret
+        elif keep and not line.startswith(("[", "ninja", "FAILED")):
+            picked.append(line)
+            keep -= 1
+    if not picked or step == "configure":
+        picked = [ln for ln in lines if ln.strip()][-20:]
+    return (f"op library '{name}': {step} failed:\n" + "\n".join(picked[:40])
+            + f"\n(full log: {log})")
