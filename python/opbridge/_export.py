@@ -106,7 +106,7 @@ def export(
         opset = opset or DEFAULT_DYNAMO_OPSET
         table = translation_table(opset=opset, custom_nodes=custom_nodes, portable=portable)
         table.update(extra_translations or {})
-        with _quiet(verbose), _op_errors(), _undeclared_nodes():
+        with _quiet(verbose), _op_errors(), _missing_ops(), _undeclared_nodes():
             program = torch.onnx.export(model, args, kwargs=kwargs, dynamo=True,
                                         custom_translation_table=table,
                                         opset_version=opset,
@@ -125,7 +125,8 @@ def export(
             # The TorchScript exporter passes everything positionally: bind keywords here.
             model, args = _KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
         buf = io.BytesIO()
-        with _quiet(verbose), _op_errors(), options_requested(custom_nodes, portable):
+        with _quiet(verbose, native_output=True), _op_errors(), _missing_ops(), \
+                options_requested(custom_nodes, portable):
             torch.onnx.export(model, args, buf, dynamo=False,
                               opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
                               input_names=names, output_names=outs, dynamic_axes=dynamic_axes, verbose=verbose)
@@ -234,9 +235,11 @@ def _check_dynamic(proto: onnx.ModelProto, dynamic_axes) -> None:
 
 
 @contextlib.contextmanager
-def _quiet(verbose: bool):
+def _quiet(verbose: bool, native_output: bool = False):
     """Hides the exporters' own chatter (progress lines, deprecation notices, warnings about
-    optional packages) unless verbose; errors still propagate."""
+    optional packages, the tracebacks fake tensors log before the error is raised) unless
+    verbose; errors still propagate, as exceptions. native_output also hides what the
+    TorchScript exporter's C++ writes straight to the process's stdout (the graph at an error)."""
     if verbose:
         yield
         return
@@ -245,13 +248,38 @@ def _quiet(verbose: bool):
     levels = [lg.level for lg in loggers]
     try:
         for lg in loggers:
-            lg.setLevel(logging.ERROR)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            lg.setLevel(logging.CRITICAL)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                (_native_output_hidden() if native_output else contextlib.nullcontext()):
             warnings.simplefilter("ignore")
             yield
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _native_output_hidden():
+    """File descriptors 1 and 2 go to a discarded temporary file for the duration (C++ writes
+    there directly, bypassing sys.stdout and sys.stderr)."""
+    import sys
+    import tempfile
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with tempfile.TemporaryFile() as sink:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                for fd, old in zip((1, 2), saved):
+                    os.dup2(old, fd)
+    finally:
+        for old in saved:
+            os.close(old)
 
 
 def _dynamic_shapes(model, args: tuple, kwargs: dict | None, names: list[str] | None, dynamic_axes):
@@ -323,5 +351,39 @@ def _undeclared_nodes():
                     f"a translation writes {domain}::{op_type} (domain version {version}), which has no ONNX schema: "
                     f"declare it first, e.g. opbridge.declare_node('{domain}', '{op_type}', inputs=[...], "
                     f"outputs=[...], version={version})") from e
+            cur = cur.__cause__ or cur.__context__
+        raise
+
+
+@contextlib.contextmanager
+def _missing_ops():
+    """An op that neither exporter nor a loaded opbridge library can write fails deep inside the
+    exporter (a dispatch error, an unsupported-operator error); this names the op and the ways
+    to give it a translation, in one line."""
+    try:
+        yield
+    except OpbridgeError:
+        raise
+    except Exception as e:
+        cur, seen = e, set()
+        while cur is not None and id(cur) not in seen:
+            seen.add(id(cur))
+            text = str(cur)
+            m = re.search(r"No ONNX function found for <OpOverload\(op='([\w.]+)\.(\w+)', overload='(\w+)'\)>", text)
+            if m:
+                ns, name, overload = m.groups()
+                raise OpbridgeError(
+                    f"{ns}::{name}: no ONNX translation (the dynamo exporter has none and no loaded opbridge library "
+                    f"defines one): pass extra_translations={{torch.ops.{ns}.{name}.{overload}: <onnxscript "
+                    "function>}, or give the op rules in an opbridge library (docs/authoring.md)") from e
+            m = re.search(r"operator with unrecognized namespace (\w+::\w+)|Exporting the operator '(\w+::\w+)' "
+                          r"to ONNX opset version (\d+) is not supported", text)
+            if m:
+                op = m.group(1) or m.group(2)
+                raise OpbridgeError(
+                    f"{op}: no ONNX symbolic for the TorchScript exporter" + (f" at opset {m.group(3)}" if m.group(3)
+                                                                              else "")
+                    + f": register one with torch.onnx.register_custom_op_symbolic('{op}', ...), give the op rules in "
+                    "an opbridge library (docs/authoring.md), or use the dynamo exporter") from e
             cur = cur.__cause__ or cur.__context__
         raise

@@ -4,6 +4,7 @@ exporter's translations are built per export call)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 from pathlib import Path
@@ -30,6 +31,7 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
         return lib
     if not torch_path.exists():
         raise OpbridgeError(f"op library not found: {torch_path}")
+    _check_is_torch_library(torch_path)
     torch.ops.load_library(str(torch_path))
     if ort_path is None:
         candidate = torch_path.with_name(torch_path.name.replace("_torch.so", "_ort.so"))
@@ -50,6 +52,25 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
     register_torchscript_symbolics(lib)
     _registry.add(lib)
     return lib
+
+
+def _check_is_torch_library(path: Path) -> None:
+    """The PyTorch library exports opbridge_manifest_json; its ONNX Runtime sibling exports
+    RegisterCustomOps. Passing one for the other is named, with the right file."""
+    try:
+        handle = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise OpbridgeError(f"{path}: cannot be loaded as a shared library: {e}") from None
+    if hasattr(handle, "opbridge_manifest_json"):
+        return
+    if hasattr(handle, "RegisterCustomOps"):
+        sibling = path.with_name(path.name.replace("_ort.so", "_torch.so"))
+        sibling_name = str(sibling) if sibling != path and sibling.exists() else "lib<name>_torch.so, built beside it"
+        raise OpbridgeError(f"{path.name} is an ONNX Runtime custom-op library (it exports RegisterCustomOps): pass "
+                            f"its PyTorch library ({sibling_name}) to opbridge.load_library, which finds this one "
+                            "beside it")
+    raise OpbridgeError(f"{path} is not an opbridge op library (it exports neither opbridge_manifest_json nor "
+                        "RegisterCustomOps)")
 
 
 def builtin_library_dir() -> Path:

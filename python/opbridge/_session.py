@@ -53,10 +53,24 @@ def session(
     try:
         return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     except Exception as e:
-        why = newer_than_runtime(str(e))
+        why = newer_than_runtime(str(e)) or unknown_domain(str(e))
         if why is None:
             raise
         raise OpbridgeError(why) from e
+
+
+def unknown_domain(message: str) -> str | None:
+    """ONNX Runtime's refusal of a node whose custom domain no registered library provides, in
+    words that name the domain and how to load its library; None for any other refusal."""
+    m = re.search(r"Fatal error: ([\w.\-]+):(\w+)\(-?\d+\) is not a registered function/op", message)
+    if not m or m[1] in ("", "ai.onnx"):
+        return None
+    loaded = ", ".join(f"'{d}'" for lib in libraries() for d in sorted(lib.domains)) or "none"
+    return (f"the model has {m[1]}::{m[2]} nodes, and no loaded op library provides ONNX domain '{m[1]}' (loaded: "
+            f"{loaded}): load its library first with opbridge.load_library('lib<name>_torch.so') (or "
+            "opbridge.load / opbridge.load_inline), or register its ONNX Runtime library with "
+            "SessionOptions.register_custom_ops_library and pass options=...; ONNX Runtime said: "
+            + m[0])
 
 
 def newer_than_runtime(message: str) -> str | None:

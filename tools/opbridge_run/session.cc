@@ -18,7 +18,39 @@ void log_to_stderr(void*, OrtLoggingLevel severity, const char*, const char*, co
   if (severity == ORT_LOGGING_LEVEL_WARNING) std::cerr << "opbridge-run: onnxruntime warning: " << one_line(message) << "\n";
 }
 
-std::string load_failure_hint(const Libraries& libs) {
+// ONNX Runtime's words for a node whose custom domain no registered library provides:
+// "Fatal error: <domain>:<op>(<version>) is not a registered function/op".
+std::string unknown_domain_hint(const std::string& message) {
+  const std::string tail = " is not a registered function/op";
+  const auto end = message.find(tail);
+  const auto start = message.rfind("Fatal error: ", end);
+  if (end == std::string::npos || start == std::string::npos) return "";
+  const std::string node = message.substr(start + 13, end - start - 13);  // domain:Op(-1)
+  const auto colon = node.find(':');
+  if (colon == std::string::npos || colon == 0) return "";
+  return cat(" (no registered custom-op library provides ONNX domain '", node.substr(0, colon),
+             "': pass its ONNX Runtime library with --library path/lib<name>_ort.so)");
+}
+
+// A library that fails to register because it is an op library's PyTorch side (lib<x>_torch.so,
+// which needs libtorch): name the ONNX Runtime sibling instead.
+std::string library_hint(const std::string& lib, const std::string& message) {
+  const fs::path path(lib);
+  const std::string name = path.filename().string(), suffix = "_torch.so";
+  const bool torch_name = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  if (!torch_name && message.find("libtorch") == std::string::npos && message.find("libc10") == std::string::npos)
+    return "";
+  std::string sibling = "lib<name>_ort.so";
+  if (torch_name) {
+    const fs::path ort = path.parent_path() / (name.substr(0, name.size() - suffix.size()) + "_ort.so");
+    std::error_code ec;
+    sibling = ort.string() + (fs::exists(ort, ec) ? "" : ", which is not there");
+  }
+  return cat(" (", name, " is the PyTorch side of an op library; ONNX Runtime takes its sibling ", sibling, ")");
+}
+
+std::string load_failure_hint(const Libraries& libs, const std::string& message) {
+  if (std::string domain = unknown_domain_hint(message); !domain.empty()) return domain;
   if (!libs.default_missing.empty())
     return cat(" (", kDefaultLibrary, " was not found at ", libs.default_missing, "; pass it with --library)");
   if (libs.paths.empty()) return " (no custom-op library was registered)";
@@ -43,13 +75,13 @@ std::unique_ptr<Ort::Session> open_session(Ort::Env& env, const std::string& mod
     try {
       options.RegisterCustomOpsLibrary(lib.c_str());
     } catch (const Ort::Exception& e) {
-      throw RunError(cat("cannot register custom-op library ", lib, ": ", one_line(e.what())));
+      throw RunError(cat("cannot register custom-op library ", lib, ": ", one_line(e.what()), library_hint(lib, e.what())));
     }
   }
   try {
     return std::make_unique<Ort::Session>(env, model.c_str(), options);
   } catch (const Ort::Exception& e) {
-    throw RunError(cat("cannot load model ", model, ": ", one_line(e.what()), load_failure_hint(libs)));
+    throw RunError(cat("cannot load model ", model, ": ", one_line(e.what()), load_failure_hint(libs, e.what())));
   }
 }
 

@@ -3,6 +3,10 @@ any other failure."""
 
 from __future__ import annotations
 
+import re
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes some exporter messages carry
+
 
 class CliError(Exception):
     """A failure explained in one line (exit status 1)."""
@@ -15,7 +19,7 @@ class UsageError(CliError):
 def one_line(e: BaseException) -> str:
     """The first line of an exception's message. Messages written for the user (the CLI's and
     opbridge's own) stand alone; others keep their type name, which often says more."""
-    text = str(e).strip()
+    text = _ANSI.sub("", str(e)).strip()
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     if isinstance(e, CliError) or type(e).__name__ == "OpbridgeError":
         return first or type(e).__name__
