@@ -48,6 +48,14 @@ def add_arguments(c) -> None:
     c.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo",
                    help="PyTorch exporter (default dynamo)")
     c.add_argument("--seed", type=int, default=0, help="seed of the example inputs (default 0)")
+    target = c.add_mutually_exclusive_group()
+    target.add_argument("--custom-nodes", action="store_true",
+                        help="keep opbridge's own nodes where a standard op could be written (for runtimes without it)")
+    target.add_argument("--portable", action="store_true",
+                        help="standard ops even where they run much slower in ONNX Runtime than opbridge's kernels "
+                             "(a model that needs no opbridge library for them)")
+    c.add_argument("--no-check-runtime", action="store_true",
+                   help="do not refuse a model the installed ONNX Runtime cannot run (exporting for another runtime)")
 
 
 def _dynamic_axes(inputs: Sequence[InputSpec], dynamic: Sequence[DynamicSpec]) -> dict[str, dict[int, str]] | None:
@@ -107,7 +115,8 @@ def run(args) -> int:
              + (f" (opset {args.opset})" if args.opset else "") + ", then the ONNX checker")
     ob.export(model, example, out, exporter=args.exporter, opset=args.opset,
               input_names=[s.name for s in args.input], output_names=args.output_name or None,
-              dynamic_axes=dynamic_axes, verbose=args.verbose)
+              dynamic_axes=dynamic_axes, custom_nodes=args.custom_nodes, portable=args.portable,
+              check_runtime=not args.no_check_runtime, verbose=args.verbose)
     progress(f"wrote {out}")
     summarize(out, args.exporter)
     return 0
