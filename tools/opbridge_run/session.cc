@@ -50,11 +50,10 @@ std::string library_hint(const std::string& lib, const std::string& message) {
 }
 
 std::string load_failure_hint(const Libraries& libs, const std::string& message) {
-  if (std::string domain = unknown_domain_hint(message); !domain.empty()) return domain;
   if (!libs.default_missing.empty())
     return cat(" (", kDefaultLibrary, " was not found at ", libs.default_missing, "; pass it with --library)");
   if (libs.paths.empty()) return " (no custom-op library was registered)";
-  return "";
+  return unknown_domain_hint(message);
 }
 
 }  // namespace
