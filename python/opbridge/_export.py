@@ -200,25 +200,36 @@ class _KeywordsBound(torch.nn.Module):
         return self.model(*args, **kwargs)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes in the dynamo exporter's messages
+
+
 @contextlib.contextmanager
 def _op_errors():
-    """An op's own error ("<ns>::<op>: reason"), raised while an exporter traces the model, is
-    re-raised as itself rather than left under several layers of exporter errors."""
+    """An op's own error ("<ns>::<op>: reason") or opbridge's, raised while an exporter traces the
+    model, is re-raised as itself, not under layers of exporter errors; another failure the dynamo
+    exporter wraps ("Failed to ... Next steps:") becomes its step, node and root cause, in a line."""
     try:
         yield
     except OpbridgeError:
         raise
     except Exception as e:
         namespaces = {lib.torch_namespace for lib in libraries()}
-        cur, seen = e, set()
+        cur, seen, node, root = e, set(), "", e
         while cur is not None and id(cur) not in seen:
             seen.add(id(cur))
-            first = str(cur).strip().splitlines()[0] if str(cur).strip() else ""
+            first = (_ANSI.sub("", str(cur)).strip().splitlines() or [""])[0]
             m = re.match(r"(\w+)::\w+: ", first)
-            if m and m.group(1) in namespaces:
-                raise OpbridgeError(first) from e
+            if isinstance(cur, OpbridgeError) or (m and m.group(1) in namespaces):
+                raise OpbridgeError(str(cur) if isinstance(cur, OpbridgeError) else first) from e
+            m = re.match(r"Error when translating node .*?target=([\w.:]+)", first)
+            node = node or (f" (translating {m.group(1)})" if m else "")
+            root = cur if cur is root.__cause__ else root  # the root cause: __cause__ links only
             cur = cur.__cause__ or cur.__context__
-        raise
+        if not isinstance(e, torch.onnx.errors.OnnxExporterError) or e.__cause__ is None:
+            raise  # not a wrapper: the TorchScript exporter raises the cause itself
+        step = re.split(r"\.(?:\s|$)", _ANSI.sub("", str(e)).strip())[0]
+        cause = (_ANSI.sub("", str(root)).strip().splitlines() or [""])[0]
+        raise OpbridgeError(f"{step}{node}: {type(root).__name__}" + (f": {cause}" if cause else "")) from e
 
 
 def _check_dynamic(proto: onnx.ModelProto, dynamic_axes) -> None:
@@ -265,8 +276,8 @@ def _native_output_hidden():
     import sys
     import tempfile
 
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
     saved = [os.dup(1), os.dup(2)]
     try:
         with tempfile.TemporaryFile() as sink:

@@ -4,9 +4,10 @@ exporter's translations are built per export call)."""
 
 from __future__ import annotations
 
-import ctypes
 import json
+import mmap
 import os
+import struct
 from pathlib import Path
 
 import torch
@@ -32,10 +33,16 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
     if not torch_path.exists():
         raise OpbridgeError(f"op library not found: {torch_path}")
     _check_is_torch_library(torch_path)
-    torch.ops.load_library(str(torch_path))
     if ort_path is None:
         candidate = torch_path.with_name(torch_path.name.replace("_torch.so", "_ort.so"))
         ort_path = candidate if candidate.exists() else None
+    elif not Path(ort_path).exists():
+        raise OpbridgeError(f"ort_path: ONNX Runtime library not found: {Path(ort_path).resolve()}")
+    else:
+        problem = ort_library_problem(ort_path)
+        if problem:
+            raise OpbridgeError(f"ort_path: {problem}")
+    torch.ops.load_library(str(torch_path))
     lib = _manifest.read(torch_path, Path(ort_path).resolve() if ort_path else None)
     for other in _registry.libraries():
         # ONNX Runtime takes one custom-op domain once per session: two libraries in one domain
@@ -54,23 +61,87 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
     return lib
 
 
+# What each side of an op library exports (cmake/OpBridgeFunctions.cmake's version scripts).
+TORCH_SYMBOL, ORT_SYMBOL = "opbridge_manifest_json", "RegisterCustomOps"
+
+
 def _check_is_torch_library(path: Path) -> None:
-    """The PyTorch library exports opbridge_manifest_json; its ONNX Runtime sibling exports
-    RegisterCustomOps. Passing one for the other is named, with the right file."""
-    try:
-        handle = ctypes.CDLL(str(path))
-    except OSError as e:
-        raise OpbridgeError(f"{path}: cannot be loaded as a shared library: {e}") from None
-    if hasattr(handle, "opbridge_manifest_json"):
+    """Passing an op library's ONNX Runtime file (or any other) where its PyTorch file belongs is
+    named, with the right file. Told by what the file exports, not by its name."""
+    exports = exported_symbols(path, {TORCH_SYMBOL, ORT_SYMBOL})
+    if exports is None:
+        raise OpbridgeError(f"{path} is not an op library: it is not an ELF shared library")
+    if TORCH_SYMBOL in exports:
         return
-    if hasattr(handle, "RegisterCustomOps"):
+    if ORT_SYMBOL in exports:
         sibling = path.with_name(path.name.replace("_ort.so", "_torch.so"))
         sibling_name = str(sibling) if sibling != path and sibling.exists() else "lib<name>_torch.so, built beside it"
-        raise OpbridgeError(f"{path.name} is an ONNX Runtime custom-op library (it exports RegisterCustomOps): pass "
-                            f"its PyTorch library ({sibling_name}) to opbridge.load_library, which finds this one "
-                            "beside it")
-    raise OpbridgeError(f"{path} is not an opbridge op library (it exports neither opbridge_manifest_json nor "
-                        "RegisterCustomOps)")
+        raise OpbridgeError(f"{path.name} is an ONNX Runtime custom-op library (it exports {ORT_SYMBOL}): load its "
+                            f"PyTorch library instead, {sibling_name} (the ONNX Runtime library beside it is found "
+                            "and registered with it)")
+    raise OpbridgeError(f"{path} is not an opbridge op library (it exports neither {TORCH_SYMBOL} nor {ORT_SYMBOL})")
+
+
+def ort_library_problem(path: str | os.PathLike) -> str | None:
+    """Why ONNX Runtime cannot register `path` as a custom-op library (an op library's PyTorch
+    file passed for its ONNX Runtime sibling, a file that is neither), or None if it can."""
+    path = Path(path).resolve()
+    exports = exported_symbols(path, {TORCH_SYMBOL, ORT_SYMBOL})
+    if exports is None:
+        return f"{path} is not an ONNX Runtime custom-op library: it is not an ELF shared library"
+    if ORT_SYMBOL in exports:
+        return None
+    if TORCH_SYMBOL in exports:
+        sibling = path.with_name(path.name.replace("_torch.so", "_ort.so"))
+        sibling_name = str(sibling) if sibling != path and sibling.exists() else "lib<name>_ort.so, built beside it"
+        return (f"{path.name} is the PyTorch library of an op library (it exports {TORCH_SYMBOL}): ONNX Runtime takes "
+                f"its ONNX Runtime library, {sibling_name} (or load this one with opbridge.load_library, which "
+                "registers its sibling in every opbridge.session)")
+    return f"{path} is not an ONNX Runtime custom-op library (it does not export {ORT_SYMBOL})"
+
+
+def exported_symbols(path: str | os.PathLike, names: set[str]) -> set[str] | None:
+    """Which of `names` the ELF shared library at `path` exports (defined, global, visible in its
+    dynamic symbol table), read from the file: loading it would run its static initializers, and a
+    PyTorch library does not even load without libtorch. None if it is not an ELF shared library."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < 64:
+            return None
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            try:
+                return _elf_exports(m, {n.encode() + b"\0" for n in names})
+            except struct.error:
+                return None  # a table pointing past the end: a truncated file
+
+
+def _elf_exports(m: mmap.mmap, wanted: set[bytes]) -> set[str] | None:
+    if m[:4] != b"\x7fELF" or m[4] not in (1, 2) or m[5] not in (1, 2):
+        return None
+    wide, order = m[4] == 2, "<" if m[5] == 1 else ">"  # ELFCLASS64; little-endian
+    if struct.unpack_from(order + "H", m, 16)[0] != 3:  # e_type ET_DYN: a shared object
+        return None
+    shoff, (shentsize, shnum) = (struct.unpack_from(order + ("Q" if wide else "I"), m, 40 if wide else 32)[0],
+                                 struct.unpack_from(order + "HH", m, 58 if wide else 46))
+    # Section headers: name, type, flags, addr, offset, size, link, info, addralign, entsize.
+    sections = [struct.unpack_from(order + ("IIQQQQIIQQ" if wide else "IIIIIIIIII"), m, shoff + i * shentsize)
+                for i in range(shnum)]
+    found: set[str] = set()
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 11:  # SHT_DYNSYM
+            continue
+        strings = sections[link][4]
+        entsize = entsize or (24 if wide else 16)
+        for at in range(offset + entsize, offset + size, entsize):  # entry 0 is the null symbol
+            if wide:
+                name, info, other, shndx = struct.unpack_from(order + "IBBH", m, at)
+            else:
+                name, info, other, shndx = struct.unpack_from(order + "I8xBBH", m, at)
+            # Defined (not SHN_UNDEF), global or weak binding, default or protected visibility.
+            if shndx != 0 and info >> 4 in (1, 2) and other & 3 in (0, 3):
+                text = next((w for w in wanted if m[strings + name:strings + name + len(w)] == w), None)
+                if text is not None:
+                    found.add(text[:-1].decode())
+    return found
 
 
 def builtin_library_dir() -> Path:

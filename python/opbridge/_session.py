@@ -6,33 +6,48 @@ import mmap
 import os
 import re
 import weakref
+from pathlib import Path
+from typing import Sequence
 
 import onnx
 import onnxruntime as ort
 
 from ._errors import OpbridgeError
-from ._registry import all_ops, libraries
+from ._loading import ort_library_problem
+from ._registry import all_ops
+from ._registry import libraries as loaded_libraries
 
 # Which op libraries each SessionOptions already has: ONNX Runtime refuses a second
 # registration of the same domain, and options objects get reused.
 _registered: "weakref.WeakKeyDictionary[ort.SessionOptions, set]" = weakref.WeakKeyDictionary()
 
 
-def _register_libraries(so: ort.SessionOptions) -> ort.SessionOptions:
+def _register_libraries(so: ort.SessionOptions, extra: Sequence[str | os.PathLike] = ()) -> ort.SessionOptions:
     done = _registered.setdefault(so, set())
-    for lib in libraries():
-        if lib.ort_path is not None and lib.ort_path not in done:
-            so.register_custom_ops_library(str(lib.ort_path))
-            done.add(lib.ort_path)
+    paths = [lib.ort_path for lib in loaded_libraries() if lib.ort_path is not None]
+    for given in extra:
+        path = Path(given).resolve()
+        if not path.is_file():
+            raise OpbridgeError(f"libraries: ONNX Runtime custom-op library not found: {path}")
+        problem = ort_library_problem(path)
+        if problem:
+            raise OpbridgeError(f"libraries: {problem}")
+        paths.append(path)
+    for path in paths:
+        if path not in done:
+            so.register_custom_ops_library(str(path))
+            done.add(path)
     return so
 
 
-def session_options(threads: int | None = None) -> ort.SessionOptions:
-    """SessionOptions with every loaded op library registered."""
+def session_options(threads: int | None = None,
+                    libraries: Sequence[str | os.PathLike] = ()) -> ort.SessionOptions:
+    """SessionOptions with every loaded op library registered, and `libraries` (ONNX Runtime
+    custom-op libraries) too."""
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads
-    return _register_libraries(so)
+    return _register_libraries(so, libraries)
 
 
 def session(
@@ -40,8 +55,12 @@ def session(
     *,
     threads: int | None = None,
     options: ort.SessionOptions | None = None,
+    libraries: Sequence[str | os.PathLike] = (),
 ) -> ort.InferenceSession:
-    """An ONNX Runtime CPU session that can run every opbridge op."""
+    """An ONNX Runtime CPU session that can run every opbridge op: the ONNX Runtime side of every
+    loaded op library is registered. `libraries` adds ONNX Runtime custom-op libraries of your own
+    (lib<name>_ort.so of an op library built without PyTorch, or any other); an op library's
+    PyTorch file is refused, naming its ONNX Runtime sibling."""
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif not isinstance(model, bytes):
@@ -49,28 +68,68 @@ def session(
     problems = domain_version_problems(opset_imports(model))
     if problems:
         raise OpbridgeError(problems[0])
-    so = _register_libraries(options) if options is not None else session_options(threads)
+    so = _register_libraries(options, libraries) if options is not None else session_options(threads, libraries)
     try:
         return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     except Exception as e:
-        why = newer_than_runtime(str(e)) or unknown_domain(str(e))
+        why = newer_than_runtime(str(e)) or unknown_domain(str(e), model)
         if why is None:
             raise
         raise OpbridgeError(why) from e
 
 
-def unknown_domain(message: str) -> str | None:
-    """ONNX Runtime's refusal of a node whose custom domain no registered library provides, in
-    words that name the domain and how to load its library; None for any other refusal."""
+# The domains ONNX Runtime implements itself: an op of theirs it lacks is not a missing library.
+_RUNTIME_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training", "com.microsoft",
+                    "com.microsoft.nchwc", "com.microsoft.experimental", "com.ms.internal.nhwc"}
+
+
+def unknown_domain(message: str, model: str | bytes | None = None) -> str | None:
+    """ONNX Runtime's refusal of a node of a custom domain no registered library provides (or an
+    op a loaded library lacks), in words that name the domain, the model's op types of it and how
+    to load its library, with ONNX Runtime's own words last; None for any other refusal."""
     m = re.search(r"Fatal error: ([\w.\-]+):(\w+)\(-?\d+\) is not a registered function/op", message)
-    if not m or m[1] in ("", "ai.onnx"):
+    if not m or m[1] in _RUNTIME_DOMAINS:
         return None
-    loaded = ", ".join(f"'{d}'" for lib in libraries() for d in sorted(lib.domains)) or "none"
-    return (f"the model has {m[1]}::{m[2]} nodes, and no loaded op library provides ONNX domain '{m[1]}' (loaded: "
-            f"{loaded}): load its library first with opbridge.load_library('lib<name>_torch.so') (or "
-            "opbridge.load / opbridge.load_inline), or register its ONNX Runtime library with "
-            "SessionOptions.register_custom_ops_library and pass options=...; ONNX Runtime said: "
-            + m[0])
+    domain, op = m[1], m[2]
+    ops = ", ".join(f"{domain}::{t}" for t in (_op_types(model, domain) if model else []) or [op])
+    owner = next((lib for lib in loaded_libraries() if domain in lib.domains), None)
+    if owner is not None and owner.ort_path is None:
+        return (f"the model has {ops} nodes; op library '{owner.name}' ({owner.torch_path}) provides ONNX domain "
+                f"'{domain}' but was loaded without its ONNX Runtime library (none beside it): pass that library with "
+                f"opbridge.session(..., libraries=['path/lib<name>_ort.so']); ONNX Runtime said: {m[0]}")
+    if owner is not None:
+        return (f"the model has {ops} nodes; op library '{owner.name}' ({owner.torch_path}) provides ONNX domain "
+                f"'{domain}' but not {domain}::{op}: the model was made with another version of the library, or "
+                f"the op's ONNX name differs; ONNX Runtime said: {m[0]}")
+    loaded = ", ".join(f"'{d}'" for lib in loaded_libraries() for d in sorted(lib.domains)) or "none"
+    return (f"the model has {ops} nodes, and no loaded op library provides ONNX domain '{domain}' (loaded: "
+            f"{loaded}): load its op library first with opbridge.load_library('path/lib<name>_torch.so') (or "
+            "opbridge.load / opbridge.load_inline), or pass its ONNX Runtime library with "
+            f"opbridge.session(..., libraries=['path/lib<name>_ort.so']); ONNX Runtime said: {m[0]}")
+
+
+def _op_types(model: str | bytes, domain: str) -> list[str]:
+    """The op types of `domain` the model's nodes use, the graph's (subgraphs included) first, then
+    those in model-local function bodies; not the local functions themselves; [] if unreadable."""
+    try:
+        proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model, load_external_data=False)
+    except Exception:
+        return []
+    local = {(f.domain, f.name) for f in proto.functions}
+    found: dict[str, None] = {}
+
+    def walk(nodes):
+        for n in nodes:
+            if n.domain == domain and (n.domain, n.op_type) not in local:
+                found[n.op_type] = None
+            for a in n.attribute:
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    walk(g.node)
+
+    walk(proto.graph.node)
+    for f in proto.functions:
+        walk(f.node)
+    return list(found)
 
 
 def newer_than_runtime(message: str) -> str | None:
@@ -107,7 +166,7 @@ def domain_version_problems(imports: dict[str, int]) -> list[str]:
     ONNX Runtime cannot tell (it serves any version of a custom domain with the ops it has), so
     the model would run with the older version's semantics."""
     out = []
-    for lib in libraries():
+    for lib in loaded_libraries():
         version = imports.get(lib.onnx_domain)
         if version is not None and not 1 <= version <= lib.onnx_domain_version:
             out.append(f"the model imports ONNX domain '{lib.onnx_domain}' version {version}; op library "

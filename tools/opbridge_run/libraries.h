@@ -19,7 +19,7 @@ struct Libraries {
 };
 
 // The default library when `use_default` and it exists, then `extra`. Throws RunError for an
-// extra library that does not exist.
+// extra library that does not exist or is not an ONNX Runtime custom-op library.
 Libraries resolve_libraries(bool use_default, const std::vector<std::string>& extra);
 
 }  // namespace opbridge::run

@@ -112,7 +112,10 @@ def load_libraries(paths: Sequence[str] | None) -> None:
     ob = opbridge_api()
     for p in paths or ():
         progress(f"loading op library {p}")
-        ob.load_library(p)
+        try:
+            ob.load_library(p)
+        except ob.OpbridgeError as e:
+            raise CliError(f"--library {p}: {e}") from e
 
 
 def read_model(path: str):

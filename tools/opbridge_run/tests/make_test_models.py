@@ -5,6 +5,8 @@
 - all_types.onnx: one Identity per element type opbridge-run feeds, inputs of shape ["n", 3]
   (plus a 0-d input and one with an unnamed dynamic axis); one output name holds a '/'.
 - unknown_op.onnx: a node of the opbridge domain that no library implements.
+- foreign_domain.onnx: nodes of a custom domain, com.acme, one of them in an If branch, that no
+  registered library provides.
 - string_input.onnx: a string input, which opbridge-run cannot feed.
 - my_add_two_dims.onnx: opbridge's MyAdd on inputs of shapes ["a", 8] and ["b", 8], which fails
   at run time (in the kernel) unless a == b or one is 1.
@@ -53,6 +55,13 @@ def main(out: Path) -> None:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
     onnx.save(model([helper.make_node("NoSuchOp", ["x"], ["y"], domain="opbridge")], [x], [y],
                     opsets=(("", 17), ("opbridge", 1))), out / "unknown_op.onnx")
+
+    c = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    branch = helper.make_graph([helper.make_node("Deep", ["x"], ["b"], domain="com.acme")], "branch", [],
+                               [helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])])
+    onnx.save(model([helper.make_node("Mystery", ["x"], ["m"], domain="com.acme"),
+                     helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)], [x, c], [y],
+                    opsets=(("", 17), ("com.acme", 1))), out / "foreign_domain.onnx")
 
     s = helper.make_tensor_value_info("s", TensorProto.STRING, [2])
     t = helper.make_tensor_value_info("t", TensorProto.STRING, [2])

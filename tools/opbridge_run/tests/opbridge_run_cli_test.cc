@@ -344,10 +344,44 @@ TEST(OpbridgeRunErrors, BadModels) {
 
 TEST(OpbridgeRunErrors, CustomOpLibraries) {
   // Without the op library the demo model's custom ops have no implementation.
-  expect_error({kDemo, "--random", "--no-default-library"}, "cannot load model");
-  expect_error({kDemo, "--random", "--no-default-library"}, "(no custom-op library was registered)");
+  expect_error({kDemo, "--random", "--no-default-library"},
+               "cannot load model " + kDemo + ": the model has opbridge::");
+  expect_error({kDemo, "--random", "--no-default-library"},
+               "(no custom-op library was registered): pass the ONNX Runtime library of ONNX domain 'opbridge' with "
+               "--library path/lib<name>_ort.so; ONNX Runtime said: ");
   expect_error({kDemo, "--random", "--library", tmp("libnothing.so")}, "--library " + tmp("libnothing.so") + ": no such file");
-  expect_error({kDemo, "--random", "--library", kDemo}, "cannot register custom-op library");
+  // Told by what the file exports, before ONNX Runtime tries to load it.
+  expect_error({kDemo, "--random", "--library", kDemo},
+               "--library " + kDemo + ": not an ONNX Runtime custom-op library: it is not an ELF shared library");
+  expect_error({kDemo, "--random", "--library", OPBRIDGE_RUN},
+               std::string("--library ") + OPBRIDGE_RUN +
+                   ": not an ONNX Runtime custom-op library (it does not export RegisterCustomOps)");
+}
+
+TEST(OpbridgeRunErrors, ThePyTorchLibraryNamesItsOnnxRuntimeSibling) {
+  const std::string ort = OPBRIDGE_ORT_LIBRARY;
+  const std::string torch = ort.substr(0, ort.size() - 7) + "_torch.so";  // lib<x>_ort.so -> lib<x>_torch.so
+  if (!fs::exists(torch)) GTEST_SKIP() << torch << " is not built (OPBRIDGE_WITH_TORCH=OFF)";
+  expect_error({kDemo, "--random", "--library", torch},
+               "--library " + torch + ": " + fs::path(torch).filename().string() +
+                   " is the PyTorch library of an op library (it exports opbridge_manifest_json, not "
+                   "RegisterCustomOps): pass its ONNX Runtime library, " + ort);
+  // Under another name it is still told by its symbols; the sibling is then named by pattern.
+  const std::string renamed = tmp("renamed.so");
+  fs::copy_file(torch, renamed, fs::copy_options::overwrite_existing);
+  expect_error({kDemo, "--random", "--library", renamed},
+               "renamed.so is the PyTorch library of an op library (it exports opbridge_manifest_json, not "
+               "RegisterCustomOps): pass its ONNX Runtime library, lib<name>_ort.so, built beside it");
+}
+
+TEST(OpbridgeRunErrors, AForeignDomainIsNamedWithItsOps) {
+  expect_error({kModels + "/foreign_domain.onnx", "--random"},
+               "the model has com.acme::Mystery, com.acme::Deep nodes, and no registered custom-op library implements "
+               "com.acme::");
+  expect_error({kModels + "/foreign_domain.onnx", "--random"},
+               ": pass the ONNX Runtime library of ONNX domain 'com.acme' with --library path/lib<name>_ort.so; ONNX "
+               "Runtime said: ");
+  expect_error({kModels + "/foreign_domain.onnx", "--random"}, "is not a registered function/op");
 }
 
 TEST(OpbridgeRunErrors, InputsThatDoNotFitTheModel) {
