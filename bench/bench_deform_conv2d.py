@@ -1,27 +1,70 @@
-"""deform_conv2d (v2: offsets, mask and bias), float32, side by side in ONNX Runtime with its
-default threads: opbridge's custom node (the subject), ONNX Runtime's own ai.onnx DeformConv
-(opset 19), a plain ai.onnx Conv of the same shape (the floor: no sampling at all), and opbridge
-in PyTorch eager."""
+"""deform_conv2d (v2: offsets, mask and bias), float32: opbridge's custom node DeformConv2d in
+ONNX Runtime (the subject), ONNX Runtime's own ai.onnx DeformConv (opset 19), a plain ai.onnx
+Conv of the same shape in ONNX Runtime (the floor: the same GEMM without any sampling), and
+opbridge in PyTorch eager (torch.ops.opbridge.deform_conv2d, on torch's intra-op threads).
+
+64 -> 64 channels, 3x3, 64x64, padding 1, offset_groups 1 and 4, N = 1 and 4, each on 1 and
+2 threads (ONNX Runtime's intra_op_num_threads, torch.set_num_threads for eager). Timed in
+interleaved rounds with ONNX Runtime's thread spinning off, so no implementation runs in the wake
+of another's spinning workers.
+"""
 
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper
 
-from common import Row, measure, ort_session, progress
+from common import Row, interleaved, note_floor, on_torch_threads, one_node_model, ort_session, progress
 
-# ONNX Runtime 1.31 reads models up to IR version 13 (onnx 1.23 writes 14 by default).
-IR_VERSION = 10
+SUBJECT = "opbridge DeformConv2d (ONNX Runtime)"
+NATIVE = "ONNX Runtime DeformConv (ai.onnx 19)"
+FLOOR = "ONNX Runtime Conv (floor, no sampling)"
 
 
-def _model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict, out_shape: list[int], domain: str = ""):
-    node = helper.make_node(op_type, list(inputs), ["y"], domain=domain, **attrs)
-    graph = helper.make_graph(
-        [node], op_type,
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in inputs.items()],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)])
-    imports = [helper.make_opsetid("", 19)] + ([helper.make_opsetid(domain, 1)] if domain else [])
-    return helper.make_model(graph, opset_imports=imports, ir_version=IR_VERSION)
+def _case(n: int, c: int, hw: int, k: int, og: int, threads: int, rounds: int) -> list[Row]:
+    import torch
+
+    name = f"deform_conv2d n={n} c={c}->{c} {hw}x{hw} k={k} pad=1 offset_groups={og} mask+bias, {threads} thread(s)"
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, c, hw, hw), dtype=np.float32)
+    w = (rng.standard_normal((c, c, k, k), dtype=np.float32) * 0.1).astype(np.float32)
+    b = rng.standard_normal(c, dtype=np.float32)
+    off = rng.uniform(-2, 2, (n, 2 * og * k * k, hw, hw)).astype(np.float32)
+    mask = rng.uniform(0, 1, (n, og * k * k, hw, hw)).astype(np.float32)
+    out = {"y": (np.float32, (n, c, hw, hw))}
+    pads = {"kernel_shape": [k, k], "pads": [1, 1, 1, 1]}
+
+    feeds = {"input": x, "weight": w, "offset": off, "bias": b, "mask": mask}
+    sess = ort_session(one_node_model("DeformConv2d", feeds, out, {"padding": [1, 1], "offset_groups": og},
+                                      domain="opbridge"), threads=threads, spinning=False)
+    want = sess.run(None, feeds)[0]
+    fns = {SUBJECT: lambda: sess.run(None, feeds)}
+    notes = {}
+
+    nfeeds = {"X": x, "W": w, "offset": off, "B": b, "mask": mask}
+    try:
+        nsess = ort_session(one_node_model("DeformConv", nfeeds, out, {**pads, "offset_group": og}),
+                            threads=threads, with_opbridge=False, spinning=False)
+    except Exception as e:  # an ONNX Runtime without DeformConv
+        progress(f"{name}: no ONNX Runtime DeformConv ({str(e).splitlines()[0]})")
+    else:
+        notes[NATIVE] = f"max |diff| {float(np.abs(nsess.run(None, nfeeds)[0] - want).max()):.1e}"
+        fns[NATIVE] = lambda: nsess.run(None, nfeeds)
+
+    cfeeds = {"X": x, "W": w, "B": b}
+    csess = ort_session(one_node_model("Conv", cfeeds, out, pads), threads=threads, with_opbridge=False,
+                        spinning=False)
+    fns[FLOOR] = lambda: csess.run(None, cfeeds)
+
+    targs = [torch.from_numpy(a) for a in (x, w, off, b, mask)]
+    eager_name = f"opbridge eager (torch.ops, {threads} torch thread(s))"
+    fns[eager_name] = on_torch_threads(threads, lambda: torch.ops.opbridge.deform_conv2d(
+        *targs, padding=[1, 1], offset_groups=og))
+    notes[eager_name] = f"max |diff| {float(np.abs(fns[eager_name]().numpy() - want).max()):.1e}"
+
+    progress(name)
+    rows = interleaved(name, fns, rounds=rounds, notes=notes)
+    note_floor(rows, FLOOR)
+    return rows
 
 
 def run(quick: bool) -> list[Row]:
@@ -29,49 +72,16 @@ def run(quick: bool) -> list[Row]:
 
     import opbridge  # noqa: F401  (loads torch.ops.opbridge)
 
-    n, c, hw, k = (1, 16, 32, 3) if quick else (1, 64, 64, 3)
-    repeat = 5 if quick else 30
-    name = f"deform_conv2d n={n} c={c}->{c} {hw}x{hw} k={k} pad=1 mask+bias"
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((n, c, hw, hw), dtype=np.float32)
-    w = (rng.standard_normal((c, c, k, k), dtype=np.float32) * 0.1).astype(np.float32)
-    b = rng.standard_normal(c, dtype=np.float32)
-    off = rng.uniform(-2, 2, (n, 2 * k * k, hw, hw)).astype(np.float32)
-    mask = rng.uniform(0, 1, (n, k * k, hw, hw)).astype(np.float32)
-    out_shape = [n, c, hw, hw]
-
-    subject = _model("DeformConv2d", {"input": x, "weight": w, "offset": off, "bias": b, "mask": mask},
-                     {"padding": [1, 1]}, out_shape, domain="opbridge")
-    native = _model("DeformConv", {"X": x, "W": w, "offset": off, "B": b, "mask": mask},
-                    {"kernel_shape": [k, k], "pads": [1, 1, 1, 1]}, out_shape)
-    conv = _model("Conv", {"X": x, "W": w, "B": b}, {"kernel_shape": [k, k], "pads": [1, 1, 1, 1]}, out_shape)
-
+    # (n, offset_groups); quick mode keeps one case of each kind at a small size.
+    c, hw, k = (16, 16, 3) if quick else (64, 64, 3)
+    cases = [(1, 1), (2, 4)] if quick else [(1, 1), (1, 4), (4, 1), (4, 4)]
+    rounds = 3 if quick else 20
+    torch_threads = torch.get_num_threads()
     rows: list[Row] = []
-    sess = ort_session(subject)
-    feeds = {"input": x, "weight": w, "offset": off, "bias": b, "mask": mask}
-    want = sess.run(None, feeds)[0]
-    progress(f"{name}: opbridge (ONNX Runtime)")
-    rows.append(Row(name, "opbridge DeformConv2d (ONNX Runtime)", measure(lambda: sess.run(None, feeds), repeat=repeat)))
-
     try:
-        nsess = ort_session(native, with_opbridge=False)
-    except Exception as e:  # an ONNX Runtime without DeformConv
-        progress(f"{name}: no ONNX Runtime DeformConv ({str(e).splitlines()[0]})")
-    else:
-        nfeeds = {"X": x, "W": w, "offset": off, "B": b, "mask": mask}
-        diff = float(np.abs(nsess.run(None, nfeeds)[0] - want).max())
-        progress(f"{name}: ONNX Runtime DeformConv")
-        rows.append(Row(name, "ONNX Runtime DeformConv (ai.onnx 19)", measure(lambda: nsess.run(None, nfeeds), repeat=repeat),
-                        note=f"max |diff| {diff:.1e}"))
-
-    csess = ort_session(conv, with_opbridge=False)
-    cfeeds = {"X": x, "W": w, "B": b}
-    progress(f"{name}: ONNX Runtime Conv")
-    rows.append(Row(name, "ONNX Runtime Conv (floor, no sampling)", measure(lambda: csess.run(None, cfeeds), repeat=repeat)))
-
-    tx, tw, to, tb, tm = (torch.from_numpy(a) for a in (x, w, off, b, mask))
-    op = torch.ops.opbridge.deform_conv2d
-    progress(f"{name}: opbridge (PyTorch eager)")
-    rows.append(Row(name, f"opbridge eager (torch, {torch.get_num_threads()} threads)",
-                    measure(lambda: op(tx, tw, to, tb, tm, padding=[1, 1]), repeat=repeat)))
+        for n, og in cases:
+            for threads in (1, 2):
+                rows += _case(n, c, hw, k, og, threads, rounds)
+    finally:
+        torch.set_num_threads(torch_threads)
     return rows

@@ -1,9 +1,15 @@
-"""knn_query: k = 16 nearest neighbours of every point within its segment, n = m = 100 000
-uniform points in the unit cube, 2 segments, float32 (point-transformer's KNNQuery).
+"""knn_query: the k = 16 and the k = 1 nearest neighbours of every point within its segment,
+n = m = 100 000 uniform points in the unit cube, 2 segments, float32 (point-transformer's
+KNNQuery).
 
 Every row computes the same thing from scratch, index built per call included:
-    opbridge through ONNX Runtime (the subject), opbridge eager, a chunked PyTorch brute
-    force (cdist + topk), scipy's cKDTree (workers=-1) and pykdtree, each per segment.
+    opbridge through ONNX Runtime (the subject; thread spinning off), opbridge eager, a chunked
+    PyTorch brute force (cdist + topk), scipy's cKDTree (workers=-1) and pykdtree, each per
+    segment. All on their default threads.
+
+Timed in interleaved rounds. The brute force takes seconds per call at full size, so it has
+rounds of its own, each beside one call of the subject: its ratios are to the subject's times in
+those rounds.
 """
 
 from __future__ import annotations
@@ -11,14 +17,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common import Row, measure, ort_session, progress
+from common import Row, interleaved, ort_session, progress
 
-K = 16
+SUBJECT = "opbridge (ONNX Runtime)"
 
 
 class _Knn(torch.nn.Module):
+    def __init__(self, k: int):
+        super().__init__()
+        self.k = k
+
     def forward(self, xyz, offset):
-        return torch.ops.opbridge.knn_query(xyz, offset, k=K)
+        return torch.ops.opbridge.knn_query(xyz, offset, k=self.k)
 
 
 def _segments(offset: np.ndarray) -> list[slice]:
@@ -26,51 +36,17 @@ def _segments(offset: np.ndarray) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _torch_brute_force(xyz: torch.Tensor, segments: list[slice], chunk: int):
+def _torch_brute_force(xyz: torch.Tensor, segments: list[slice], k: int, chunk: int):
     # Queries in chunks bound the distance matrix to chunk x segment size.
     for s in segments:
         pts = xyz[s]
         for q in pts.split(chunk):
-            torch.cdist(q, pts).topk(K, dim=1, largest=False)
+            torch.cdist(q, pts).topk(k, dim=1, largest=False)
 
 
-def _round_robin(fns: dict, rounds: int) -> dict:
-    """Times each function once per round, in turn, so that load from other processes on a
-    shared machine falls on every implementation alike (the ratios are what matter)."""
-    for fn in fns.values():
-        fn()  # warm-up
-    times = {key: [] for key in fns}
-    for _ in range(rounds):
-        for key, fn in fns.items():
-            times[key] += measure(fn, warmup=0, repeat=1)
-    return times
-
-
-def run(quick: bool) -> list[Row]:
-    import opbridge
-
-    n = 10_000 if quick else 100_000
-    rng = np.random.default_rng(0)
-    xyz = rng.random((n, 3), dtype=np.float32)
-    offset = np.array([n // 2, n], np.int64)
-    segments = _segments(offset)
-    xt, ot = torch.from_numpy(xyz), torch.from_numpy(offset)
-    name = f"knn_query n=m={n} b=2 k={K} float32"
-    threads = torch.get_num_threads()
-
-    model = opbridge.export(_Knn(), (xt, ot), input_names=["xyz", "offset"])
-    sess = ort_session(model)
-    feeds = {"xyz": xyz, "offset": offset}
-    got = sess.run(None, feeds)
-    want = _Knn()(xt, ot)
-    # Not a test, but a benchmark of a wrong answer is worthless: ONNX Runtime and eager agree.
-    assert np.array_equal(got[0], want[0].numpy()) and np.array_equal(got[1], want[1].numpy())
-
-    # (label, note, function); the first is the subject.
-    impls = [
-        ("opbridge (ONNX Runtime)", "k-d tree per segment, built per call", lambda: sess.run(None, feeds)),
-        ("opbridge eager (torch.ops)", f"{threads} torch threads", lambda: _Knn()(xt, ot)),
-    ]
+def _peers(xyz: np.ndarray, segments: list[slice], k: int) -> dict:
+    """scipy's and pykdtree's build + query per segment, those installed: {label: (note, fn)}."""
+    peers = {}
     try:
         from scipy.spatial import cKDTree
     except ImportError:
@@ -78,9 +54,9 @@ def run(quick: bool) -> list[Row]:
     else:
         def scipy_knn():
             for s in segments:
-                cKDTree(xyz[s]).query(xyz[s], k=K, workers=-1)
+                cKDTree(xyz[s]).query(xyz[s], k=k, workers=-1)
 
-        impls.append(("scipy cKDTree workers=-1", "build + query per segment", scipy_knn))
+        peers["scipy cKDTree workers=-1"] = ("build + query per segment", scipy_knn)
     try:
         from pykdtree.kdtree import KDTree
     except ImportError:
@@ -88,19 +64,51 @@ def run(quick: bool) -> list[Row]:
     else:
         def pykdtree_knn():
             for s in segments:
-                KDTree(xyz[s]).query(xyz[s], k=K)
+                KDTree(xyz[s]).query(xyz[s], k=k)
 
-        impls.append(("pykdtree", "build + query per segment, OpenMP", pykdtree_knn))
+        peers["pykdtree"] = ("build + query per segment, OpenMP", pykdtree_knn)
+    return peers
 
-    progress(f"{name}: {', '.join(label for label, _, _ in impls)}, round robin")
-    times = _round_robin({label: fn for label, _, fn in impls}, rounds=3 if quick else 15)
-    rows = [Row(name, label, times[label], note) for label, note, _ in impls]
 
-    progress(f"{name}: torch brute force")
+def _case(xyz: np.ndarray, offset: np.ndarray, k: int, quick: bool) -> list[Row]:
+    import opbridge
+
+    n = len(xyz)
+    segments = _segments(offset)
+    xt, ot = torch.from_numpy(xyz), torch.from_numpy(offset)
+    name = f"knn_query n=m={n} b=2 k={k} float32"
+    threads = torch.get_num_threads()
+    knn = _Knn(k)
+
+    sess = ort_session(opbridge.export(knn, (xt, ot), input_names=["xyz", "offset"]), spinning=False)
+    feeds = {"xyz": xyz, "offset": offset}
+    got = sess.run(None, feeds)
+    want = knn(xt, ot)
+    # Not a test, but a benchmark of a wrong answer is worthless: ONNX Runtime and eager agree.
+    assert np.array_equal(got[0], want[0].numpy()) and np.array_equal(got[1], want[1].numpy())
+
+    impls = {SUBJECT: ("k-d tree per segment, built per call", lambda: sess.run(None, feeds)),
+             "opbridge eager (torch.ops)": (f"{threads} torch threads", lambda: knn(xt, ot)),
+             **_peers(xyz, segments, k)}
+    progress(f"{name}: {', '.join(impls)}")
+    rows = interleaved(name, {label: fn for label, (_, fn) in impls.items()}, rounds=3 if quick else 15,
+                       notes={label: note for label, (note, _) in impls.items()})
+
     chunk = 1024
-    # Tens of seconds per call at full size: two timed calls, no warm-up (nothing to warm).
-    brute = dict(warmup=1, repeat=3) if quick else dict(warmup=0, repeat=2)
-    rows.insert(2, Row(name, "torch cdist+topk (chunked)",
-                       measure(lambda: _torch_brute_force(xt, segments, chunk), **brute),
-                       f"{chunk}-query chunks, {threads} torch threads"))
+    brute = "torch cdist+topk (chunked)"
+    progress(f"{name}: {brute}, beside the subject")
+    # Seconds per call at full size: no warm-up (nothing to warm; the subject is warm already).
+    pair = interleaved(name, {SUBJECT: lambda: sess.run(None, feeds),
+                              brute: lambda: _torch_brute_force(xt, segments, k, chunk)},
+                       rounds=3, warmup=0,
+                       notes={brute: f"{chunk}-query chunks, {threads} torch threads, own rounds beside the subject"})
+    rows.insert(2, pair[1])
     return rows
+
+
+def run(quick: bool) -> list[Row]:
+    n = 10_000 if quick else 100_000
+    rng = np.random.default_rng(0)
+    xyz = rng.random((n, 3), dtype=np.float32)
+    offset = np.array([n // 2, n], np.int64)
+    return [row for k in (16, 1) for row in _case(xyz, offset, k, quick)]

@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Callable
 
+import numpy as np
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 for _dir in ("python", "examples"):  # opbridge, and examples/demo.py's models
     if os.path.join(_HERE, "..", _dir) not in sys.path:
@@ -105,6 +107,46 @@ def ort_session(model, threads: int | None = None, with_opbridge: bool = True, s
     if not spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+
+
+def one_node_model(op_type: str, inputs: dict, outputs: dict, attrs: dict | None = None, *, domain: str = "",
+                   opset: int = 19):
+    """A ModelProto of one `op_type` node: `inputs` maps names to example arrays (their dtypes and
+    shapes are the graph's), `outputs` maps names to (numpy dtype, shape). A custom `domain` is
+    imported at version 1 beside ai.onnx `opset`."""
+    from onnx import helper
+
+    def info(name, dtype, shape):
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), list(shape))
+
+    node = helper.make_node(op_type, list(inputs), list(outputs), domain=domain, **(attrs or {}))
+    graph = helper.make_graph([node], op_type, [info(n, a.dtype, a.shape) for n, a in inputs.items()],
+                              [info(n, dtype, shape) for n, (dtype, shape) in outputs.items()])
+    imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    # ONNX Runtime 1.31 reads models up to IR version 13 (onnx 1.23 writes 14 by default).
+    return helper.make_model(graph, opset_imports=imports, ir_version=10)
+
+
+def on_torch_threads(threads: int, fn: Callable[[], object]) -> Callable[[], object]:
+    """`fn` run on `threads` torch intra-op threads (set on every call: other rows of the same
+    round may have changed them). The caller restores torch's own count when done."""
+    import torch
+
+    def call():
+        torch.set_num_threads(threads)
+        return fn()
+
+    return call
+
+
+def note_floor(rows: list[Row], floor_impl: str) -> None:
+    """Appends to every other row's note its time over the floor's (`floor_impl`, a row of the
+    same interleaved rounds): the median of per-round ratios."""
+    floor = next(r for r in rows if r.impl == floor_impl)
+    for row in rows:
+        if row is not floor and row.round_ratios and floor.round_ratios:
+            x = statistics.median(a / b for a, b in zip(row.round_ratios, floor.round_ratios))
+            row.note = ", ".join(s for s in (row.note, f"{x:.2f}x the floor") if s)
 
 
 def progress(msg: str) -> None:

@@ -4,8 +4,9 @@
     bench/run.sh --only knn_query     # one module (bench/bench_knn_query.py)
     bench/run.sh --quick              # smaller sizes, for a smoke run
 
-Ratios are "peer median / opbridge median": above 1 means opbridge is faster. Benchmarks are
-not tests: nothing here asserts a time.
+Ratios are peer time / opbridge time (above 1: opbridge is faster): for benchmarks timed in
+interleaved rounds, the median of the per-round ratios with its 25th-75th percentile spread;
+otherwise a ratio of medians. Benchmarks are not tests: nothing here asserts a time.
 """
 
 from __future__ import annotations
