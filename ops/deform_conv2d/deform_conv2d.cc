@@ -16,7 +16,55 @@ DimExpr out_size(int64_t axis) {
          1;
 }
 
+// The attributes, and the checks on input, weight, offset and mask, that the op and its backward
+// share.
+void attributes_and_checks(OpBuilder& op) {
+  op.ints_attr("stride", {1, 1}, "(stride_h, stride_w)")
+      .ints_attr("padding", {0, 0}, "(pad_h, pad_w): zero padding on both sides")
+      .ints_attr("dilation", {1, 1}, "(dil_h, dil_w)")
+      .int_attr("groups", 1, "convolution groups: input and output channels split into this many blocks")
+      .int_attr("offset_groups", 1, "input channels split into this many blocks, each with its own offsets and mask")
+      // First: the output size divides by the stride.
+      .check(attr_at("stride", 0) >= 1, "attribute 'stride' values must be >= 1")
+      .check(attr_at("stride", 1) >= 1, "attribute 'stride' values must be >= 1")
+      .check(dim("input", 1) == dim("weight", 1) * attr("groups"), "input channels must equal weight.shape[1] * groups")
+      .check(dim("offset", 0) == dim("input", 0), "offset must have the batch size of input")
+      .check(dim("offset", 1) == attr("offset_groups") * dim("weight", 2) * dim("weight", 3) * 2,
+             "offset must have 2*offset_groups*kh*kw channels")
+      .check(dim("offset", 2) == out_size(0), "offset height must be the output height")
+      .check(dim("offset", 3) == out_size(1), "offset width must be the output width")
+      // An absent mask falls back to an input for which the check holds by construction.
+      .check(dim_of_first({"mask", "offset"}, 0) == dim("input", 0), "mask must have the batch size of input")
+      .check(dim_of_first({"mask", "offset"}, 2) == out_size(0), "mask height must be the output height")
+      .check(dim_of_first({"mask", "offset"}, 3) == out_size(1), "mask width must be the output width");
+}
+
 }  // namespace
+
+// The gradients of deform_conv2d, as torchvision's: bilinear sampling is differentiable in the
+// sample position except on whole pixels, where the derivative is taken from the neighbours at
+// floor(position) and floor(position) + 1; positions outside the image have zero gradient.
+OPBRIDGE_OP(deform_conv2d_backward)
+    .doc("The gradients of deform_conv2d's output with respect to input, weight, offset, bias and mask.")
+    .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
+    .input("grad_output", "T", "(N, C_out, H_out, W_out) gradient of output", 4)
+    .input("input", "T", "the forward's input", 4)
+    .input("weight", "T", "the forward's weight", 4)
+    .input("offset", "T", "the forward's offset", 4)
+    .optional_input("mask", "T", "the forward's mask; absent: 1", 4)
+    .with(attributes_and_checks)
+    .check(dim("grad_output", 0) == dim("input", 0), "grad_output must have the batch size of input")
+    .check(dim("grad_output", 1) == dim("weight", 0), "grad_output must have weight.shape[0] channels")
+    .check(dim("grad_output", 2) == out_size(0), "grad_output height must be the output height")
+    .check(dim("grad_output", 3) == out_size(1), "grad_output width must be the output width")
+    .output("grad_input", "T", shape::same({"input"}), "(N, C_in, H, W)")
+    .output("grad_weight", "T", shape::same({"weight"}), "(C_out, C_in/groups, kh, kw)")
+    .output("grad_offset", "T", shape::same({"offset"}), "(N, 2*offset_groups*kh*kw, H_out, W_out)")
+    .output("grad_bias", "T", shape::dims({dim("weight", 0)}), "(C_out): grad_output summed over N, H_out, W_out")
+    .output("grad_mask", "T",
+            shape::dims({dim("offset", 0), dim("offset", 1) / 2, dim("offset", 2), dim("offset", 3)}),
+            "(N, offset_groups*kh*kw, H_out, W_out); without a mask, the gradient of an all-ones mask")
+    .cpu(deform_conv2d_backward_kernel);
 
 OPBRIDGE_OP(deform_conv2d)
     .doc("Deformable 2-D convolution (v1; v2 with a modulation mask), as torchvision.ops.deform_conv2d: "
@@ -32,26 +80,9 @@ OPBRIDGE_OP(deform_conv2d)
            4)
     .optional_input("bias", "T", "(C_out)", 1)
     .optional_input("mask", "T", "(N, offset_groups*kh*kw, H_out, W_out): modulation (v2); absent: 1 (v1)", 4)
-    .ints_attr("stride", {1, 1}, "(stride_h, stride_w)")
-    .ints_attr("padding", {0, 0}, "(pad_h, pad_w): zero padding on both sides")
-    .ints_attr("dilation", {1, 1}, "(dil_h, dil_w)")
-    .int_attr("groups", 1, "convolution groups: input and output channels split into this many blocks")
-    .int_attr("offset_groups", 1, "input channels split into this many blocks, each with its own offsets and mask")
-    // First: the output size divides by the stride.
-    .check(attr_at("stride", 0) >= 1, "attribute 'stride' values must be >= 1")
-    .check(attr_at("stride", 1) >= 1, "attribute 'stride' values must be >= 1")
-    .check(dim("input", 1) == dim("weight", 1) * attr("groups"),
-           "input channels must equal weight.shape[1] * groups")
-    .check(dim("offset", 0) == dim("input", 0), "offset must have the batch size of input")
-    .check(dim("offset", 1) == attr("offset_groups") * dim("weight", 2) * dim("weight", 3) * 2,
-           "offset must have 2*offset_groups*kh*kw channels")
-    .check(dim("offset", 2) == out_size(0), "offset height must be the output height")
-    .check(dim("offset", 3) == out_size(1), "offset width must be the output width")
-    // An absent bias or mask falls back to an input for which the check holds by construction.
+    .with(attributes_and_checks)
+    // An absent bias falls back to an input for which the check holds by construction.
     .check(dim_of_first({"bias", "weight"}, 0) == dim("weight", 0), "bias must have weight.shape[0] values")
-    .check(dim_of_first({"mask", "offset"}, 0) == dim("input", 0), "mask must have the batch size of input")
-    .check(dim_of_first({"mask", "offset"}, 2) == out_size(0), "mask height must be the output height")
-    .check(dim_of_first({"mask", "offset"}, 3) == out_size(1), "mask width must be the output width")
     .output("output", "T", shape::dims({dim("input", 0), dim("weight", 0), out_size(0), out_size(1)}),
             "(N, C_out, H_out, W_out), H_out = (H + 2*pad_h - (dil_h*(kh - 1) + 1)) // stride_h + 1, W_out alike")
     .cpu(deform_conv2d_kernel)
@@ -64,6 +95,7 @@ OPBRIDGE_OP(deform_conv2d)
                    .attr("pads", {"padding", "padding"})
                    .attr("dilations", {"dilation"})
                    .attr("group", {"groups"})
-                   .attr("offset_group", {"offset_groups"}));
+                   .attr("offset_group", {"offset_groups"}))
+    .backward("deform_conv2d_backward");
 
 }  // namespace opbridge

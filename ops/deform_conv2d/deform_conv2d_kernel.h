@@ -1,5 +1,5 @@
-// deform_conv2d's CPU kernel, defined in deform_conv2d_kernel.cc; the op itself is defined in
-// deform_conv2d.cc.
+// deform_conv2d's CPU kernels, forward (deform_conv2d_kernel.cc) and backward
+// (deform_conv2d_backward.cc); the ops themselves are defined in deform_conv2d.cc.
 #pragma once
 
 #include <opbridge/kernel_context.h>
@@ -10,5 +10,9 @@ namespace opbridge {
 // batch and spatial sizes its checks relate. Checks the rest of the attributes, divisibility by
 // the groups, the mask's channels and a non-empty output.
 void deform_conv2d_kernel(KernelContext& ctx);
+
+// The backward op's kernel, in deform_conv2d_backward.cc. Runs on inputs its spec has validated,
+// checking the rest as deform_conv2d_kernel does.
+void deform_conv2d_backward_kernel(KernelContext& ctx);
 
 }  // namespace opbridge

@@ -355,35 +355,133 @@ void check_gemm(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) 
   }
 }
 
+// One tile's samples for the hot-loop checks: 3 offset groups of 7 channels, the convolution
+// group [5, 19) straddling all three; every sample's four neighbours inside the 4x5 image; bilinear
+// weights from random fractions (ly, lx).
+template <typename T>
+struct TileSamples {
+  static constexpr int64_t c_in = 21, cog = 7, c_begin = 5, cg = 14, kk = 2, tile = 6, len = 5, ph = 4, pw = 5;
+  Tensor image = Tensor::random<T>({ph, pw, c_in}, 1), mask = Tensor::random<T>({3, kk, tile}, 2);
+  std::vector<deform_conv2d_impl::Corner<T>> corners = std::vector<deform_conv2d_impl::Corner<T>>(3 * kk * tile);
+  std::vector<std::array<double, 2>> frac = std::vector<std::array<double, 2>>(corners.size());  // (ly, lx)
+
+  TileSamples() {
+    std::mt19937 gen(3);
+    std::uniform_real_distribution<double> unit(0, 1);
+    for (size_t i = 0; i < corners.size(); ++i) {
+      corners[i].pixel = std::uniform_int_distribution<int64_t>(0, (ph - 1) * pw - 2)(gen);
+      const double ly = unit(gen), lx = unit(gen);
+      frac[i] = {ly, lx};
+      const T w[4] = {T((1 - ly) * (1 - lx)), T((1 - ly) * lx), T(ly * (1 - lx)), T(ly * lx)};
+      std::copy(w, w + 4, corners[i].w);
+    }
+  }
+  deform_conv2d_impl::ColumnJob<T> job(bool masked, T* columns) {
+    return {image.view.data_as<T>(), corners.data(), masked ? mask.view.data_as<T>() : nullptr, columns, len, tile,
+            kk, c_begin, cg, cog, c_in, pw};
+  }
+  // The sample of channel `ch` at pixel q and kernel position k: its slot in the tables, and
+  // its four neighbours' values.
+  int64_t slot(int64_t q, int64_t k, int64_t ch) const { return ((ch / cog) * kk + k) * tile + q; }
+  std::array<double, 4> neighbours(int64_t slot, int64_t ch) {
+    auto im = image.values<T>();
+    const int64_t p = corners[slot].pixel;
+    return {double(im[p * c_in + ch]), double(im[(p + 1) * c_in + ch]), double(im[(p + pw) * c_in + ch]),
+            double(im[(p + pw + 1) * c_in + ch])};
+  }
+};
+
 template <typename T>
 void check_columns(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) {
-  using deform_conv2d_impl::Corner;
-  // 3 offset groups of 7 channels; the group [5, 19) straddles all three.
-  const int64_t c_in = 21, cog = 7, c_begin = 5, cg = 14, kk = 2, tile = 6, len = 5, ph = 4, pw = 5;
-  Tensor image = Tensor::random<T>({ph, pw, c_in}, 1), mask = Tensor::random<T>({3, kk, tile}, 2);
-  std::vector<Corner<T>> corners(3 * kk * tile);
-  std::mt19937 gen(3);
-  for (auto& c : corners) {
-    c.pixel = std::uniform_int_distribution<int64_t>(0, (ph - 1) * pw - 2)(gen);  // all four neighbours inside
-    for (T& w : c.w) w = std::uniform_real_distribution<T>(-1, 1)(gen);
-  }
+  TileSamples<T> t;
+  using S = TileSamples<T>;
+  auto mk = t.mask.template values<T>();
   for (bool masked : {false, true}) {
-    std::vector<T> cols(static_cast<size_t>(len * kk * cg), T(-7));
-    kernels.columns({image.view.data_as<T>(), corners.data(), masked ? mask.view.data_as<T>() : nullptr, cols.data(),
-                     len, tile, kk, c_begin, cg, cog, c_in, pw});
-    auto im = image.values<T>(), mk = mask.values<T>();
-    for (int64_t q = 0; q < len; ++q)
-      for (int64_t k = 0; k < kk; ++k)
-        for (int64_t c = 0; c < cg; ++c) {
-          const int64_t ch = c_begin + c, slot = ((ch / cog) * kk + k) * tile + q;
-          const Corner<T>& s = corners[slot];
-          const int64_t nb[4] = {s.pixel, s.pixel + 1, s.pixel + pw, s.pixel + pw + 1};
+    std::vector<T> cols(static_cast<size_t>(S::len * S::kk * S::cg), T(-7));
+    kernels.columns(t.job(masked, cols.data()));
+    for (int64_t q = 0; q < S::len; ++q)
+      for (int64_t k = 0; k < S::kk; ++k)
+        for (int64_t c = 0; c < S::cg; ++c) {
+          const int64_t ch = S::c_begin + c, slot = t.slot(q, k, ch);
+          const std::array<double, 4> v = t.neighbours(slot, ch);
           double want = 0;
-          for (int t = 0; t < 4; ++t) want += double(s.w[t]) * double(im[nb[t] * c_in + ch]);
+          for (int i = 0; i < 4; ++i) want += double(t.corners[slot].w[i]) * v[i];
           if (masked) want *= double(mk[slot]);
           const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-14;
-          EXPECT_NEAR(cols[(q * kk + k) * cg + c], want, tol) << isa;
+          EXPECT_NEAR(cols[(q * S::kk + k) * S::cg + c], want, tol) << isa;
         }
+  }
+}
+
+// The backward's GEMMs: acc += g · columns and out = gᵀ · w, g with a row stride.
+template <typename T>
+void check_backward_gemms(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) {
+  for (auto [m, n, k] : {std::array<int64_t, 3>{1, 1, 1}, {7, 13, 5}, {64, 113, 576}, {0, 9, 4}}) {
+    const int64_t ldg = n + 3;
+    Tensor g = Tensor::random<T>({std::max<int64_t>(m, 1), ldg}, 1), cols = Tensor::random<T>({n, k}, 2),
+           w = Tensor::random<T>({std::max<int64_t>(m, 1), k}, 3), acc0 = Tensor::random<T>({std::max<int64_t>(m, 1), k}, 4);
+    auto gv = g.values<T>(), cv = cols.values<T>(), wv = w.values<T>(), a0 = acc0.values<T>();
+    std::vector<T> acc(a0.begin(), a0.end()), out(static_cast<size_t>(n * k), T(-7));
+    kernels.gemm_acc_g_cols(g.view.data_as<T>(), ldg, cols.view.data_as<T>(), acc.data(), m, n, k);
+    kernels.gemm_gt_w(g.view.data_as<T>(), ldg, w.view.data_as<T>(), out.data(), m, n, k);
+    const double tol = (std::is_same_v<T, float> ? 1e-5 : 1e-13) * double(std::max(m, n) + 1);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < k; ++j) {
+        double want = a0[i * k + j];
+        for (int64_t q = 0; q < n; ++q) want += double(gv[i * ldg + q]) * double(cv[q * k + j]);
+        EXPECT_NEAR(acc[i * k + j], want, tol) << isa << " acc m=" << m << " n=" << n << " k=" << k;
+      }
+    for (int64_t q = 0; q < n; ++q)
+      for (int64_t j = 0; j < k; ++j) {
+        double want = 0;  // no output channels (m = 0): zero
+        for (int64_t i = 0; i < m; ++i) want += double(gv[i * ldg + q]) * double(wv[i * k + j]);
+        EXPECT_NEAR(out[q * k + j], want, tol) << isa << " gt_w m=" << m << " n=" << n << " k=" << k;
+      }
+  }
+}
+
+// The samples' gradients, the derivatives written independently of the kernel's form:
+// d/dy = -hx·a - lx·b + hx·c + lx·d and d/dx = -hy·a + hy·b - ly·c + ly·d.
+template <typename T>
+void check_sample_grads(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) {
+  TileSamples<T> t;
+  using S = TileSamples<T>;
+  Tensor grad_columns = Tensor::random<T>({S::len, S::kk, S::cg}, 3);
+  auto mk = t.mask.template values<T>();
+  auto gc = grad_columns.values<T>();
+  for (bool masked : {false, true}) {
+    const size_t n = t.corners.size();
+    std::vector<T> grad_image(static_cast<size_t>(S::ph * S::pw * S::c_in), T(0.5));
+    std::vector<T> gy(n, T(1)), gx(n, T(2)), gm(n, T(3));
+    kernels.sample_grads({t.job(masked, nullptr), grad_columns.view.data_as<T>(), grad_image.data(), gy.data(),
+                          gx.data(), gm.data()});
+    std::vector<double> want_image(grad_image.size(), 0.5), want_y(n, 1), want_x(n, 2), want_m(n, 3);
+    for (int64_t q = 0; q < S::len; ++q)
+      for (int64_t k = 0; k < S::kk; ++k)
+        for (int64_t c = 0; c < S::cg; ++c) {
+          const int64_t ch = S::c_begin + c, slot = t.slot(q, k, ch), p = t.corners[slot].pixel;
+          const auto [ly, lx] = t.frac[slot];
+          const double hy = 1 - ly, hx = 1 - lx;
+          const double m = masked ? double(mk[slot]) : 1.0, g = double(gc[(q * S::kk + k) * S::cg + c]);
+          const std::array<double, 4> v = t.neighbours(slot, ch);
+          const int64_t at[4] = {p, p + 1, p + S::pw, p + S::pw + 1};
+          double sample = 0;
+          for (int i = 0; i < 4; ++i) {
+            sample += double(t.corners[slot].w[i]) * v[i];
+            want_image[at[i] * S::c_in + ch] += g * m * double(t.corners[slot].w[i]);
+          }
+          want_m[slot] += g * sample;
+          want_y[slot] += g * m * (-hx * v[0] - lx * v[1] + hx * v[2] + lx * v[3]);
+          want_x[slot] += g * m * (-hy * v[0] + hy * v[1] - ly * v[2] + ly * v[3]);
+        }
+    const double tol = std::is_same_v<T, float> ? 2e-5 : 1e-13;
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(gy[i], want_y[i], tol) << isa << " grad_y " << i;
+      EXPECT_NEAR(gx[i], want_x[i], tol) << isa << " grad_x " << i;
+      EXPECT_NEAR(gm[i], want_m[i], tol) << isa << " grad_mask " << i;
+    }
+    for (size_t i = 0; i < grad_image.size(); ++i)
+      EXPECT_NEAR(grad_image[i], want_image[i], tol) << isa << " grad_image " << i;
   }
 }
 
@@ -394,6 +492,10 @@ TEST(DeformConv2dVariants, EveryRunnableVariant) {
     check_gemm<double>(v.f64, v.isa);
     check_columns<float>(v.f32, v.isa);
     check_columns<double>(v.f64, v.isa);
+    check_backward_gemms<float>(v.f32, v.isa);
+    check_backward_gemms<double>(v.f64, v.isa);
+    check_sample_grads<float>(v.f32, v.isa);
+    check_sample_grads<double>(v.f64, v.isa);
     names += std::string(" ") + v.isa;
   }
   std::cout << "variants checked:" << names << "; the kernel runs " << deform_conv2d_impl::best_variant().isa << "\n";

@@ -1,10 +1,10 @@
-// deform_conv2d's two hot loops — filling a column block with bilinear samples, and the GEMM — in
-// one variant per instruction set. The rest of the build targets the baseline ISA (x86-64: SSE2),
-// where Eigen's GEMM runs at a fraction of its AVX2/AVX-512 speed, so deform_conv2d_avx2.cc and
-// deform_conv2d_avx512.cc build the same code for those (their ISA flags come from
-// opbridge_add_op_library in cmake/OpBridgeFunctions.cmake) and best_variant() picks one at run
-// time. deform_conv2d_variants.cc builds the baseline variant and makes the choice. This header
-// only declares (no Eigen), so the tests can call every variant.
+// deform_conv2d's hot loops — filling a column block with bilinear samples and the GEMM, and in the
+// backward the two GEMMs and the samples' gradients — in one variant per instruction set. The rest
+// of the build targets the baseline ISA (x86-64: SSE2), where Eigen's GEMM runs at a fraction of
+// its AVX2/AVX-512 speed, so deform_conv2d_avx2.cc and deform_conv2d_avx512.cc build the same code
+// for those (their ISA flags come from opbridge_add_op_library in cmake/OpBridgeFunctions.cmake)
+// and best_variant() picks one at run time. deform_conv2d_variants.cc builds the baseline variant
+// and makes the choice. This header only declares (no Eigen), so the tests can call every variant.
 #pragma once
 
 #include <cstdint>
@@ -31,12 +31,31 @@ struct ColumnJob {
   int64_t cog, c_in, padded_w;
 };
 
+// The backward of one ColumnJob: for every sample of the tile, with `grad_columns` the gradient of
+// its (masked) column block, accumulate the gradient of the image (same layout as `image`), and the
+// per-sample sums the offset and mask gradients need.
+template <typename T>
+struct SampleGradJob {
+  ColumnJob<T> at;             // the samples (its `columns` unused)
+  const T* grad_columns;       // [pixel of the tile][kernel position][channel of the group]
+  T* grad_image;               // += into (H+2, W+2, C_in), like `image`
+  T* grad_y;                   // += per sample, layout of `corners`: d loss / d row position
+  T* grad_x;                   // += likewise, column position
+  T* grad_mask;                // += likewise: d loss / d mask (the unmasked sample times its gradient)
+};
+
 template <typename T>
 struct Kernels {
   void (*columns)(const ColumnJob<T>& job) = nullptr;
   // out (m × n, rows `ldo` apart) = a · b (+ bias[row]); a (m × k) row-major, b (k × n)
   // column-major (column j starts at b + j·k); bias may be null.
   void (*gemm)(const T* a, const T* b, const T* bias, T* out, int64_t m, int64_t k, int64_t n, int64_t ldo) = nullptr;
+  // The backward's two GEMMs, with g (m × n, rows `ldg` apart) a block of the output's gradient:
+  // acc (m × k, row-major) += g · columns (n × k, row-major): the weight's gradient;
+  // out (n × k, row-major) = gᵀ · w (m × k, row-major): the columns' gradient.
+  void (*gemm_acc_g_cols)(const T* g, int64_t ldg, const T* columns, T* acc, int64_t m, int64_t n, int64_t k) = nullptr;
+  void (*gemm_gt_w)(const T* g, int64_t ldg, const T* w, T* out, int64_t m, int64_t n, int64_t k) = nullptr;
+  void (*sample_grads)(const SampleGradJob<T>& job) = nullptr;
 };
 
 struct Variant {

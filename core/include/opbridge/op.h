@@ -141,6 +141,13 @@ class OpBuilder {
   // broadcast input's shape is summed down to it by the glue. Integer outputs are not
   // differentiable.
   OpBuilder& backward(std::string op) { spec_.backward = std::move(op); return *this; }
+  // Adds what several ops declare alike (e.g. the attributes and checks an op shares with its
+  // backward op): `declare(builder)` is called here, in the chain's order.
+  template <typename Fn>
+  OpBuilder& with(Fn&& declare) {
+    declare(*this);
+    return *this;
+  }
 
   // Export as a standard ai.onnx op from `min_opset` on, inputs and attributes as they are; an
   // op with a kernel keeps its own node below that opset (and on request, see opbridge.export).
