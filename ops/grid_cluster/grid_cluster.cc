@@ -17,7 +17,9 @@ namespace opbridge {
 OPBRIDGE_OP(grid_cluster)
     .doc("Voxel grid clustering (torch_cluster.grid_cluster): the row-major index of the voxel of size `size`, "
          "on a grid from `start` to `end` (default: per-dimension min and max of pos), that holds each point.")
-    .types("T", {DType::Float32, DType::Float64})
+    // float16 / bfloat16 positions: each subtraction and division rounds to the 16-bit type, as
+    // torch_cluster's tensor arithmetic on them does.
+    .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
     .input("pos", "T", "(n, d) point positions; must be finite", 2)
     .input("size", "T", "(d,) voxel size per dimension, each finite and > 0", 1)
     .optional_input("start", "T", "(d,) grid origin; default: min of pos per dimension", 1)

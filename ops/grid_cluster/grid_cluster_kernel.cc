@@ -8,10 +8,43 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <ostream>
 #include <vector>
+
+#include <opbridge/half.h>
 
 namespace opbridge {
 namespace {
+
+// float16 / bfloat16 positions: torch_cluster computes on the tensors themselves, so each
+// subtraction and division rounds to the 16-bit type, as PyTorch's 16-bit arithmetic does
+// (computed in float32, then rounded). Rounded<H> is that arithmetic on float32 copies of the
+// values; constants and comparisons stay exact. The kernel's templates run on it unchanged.
+template <typename H>
+struct Rounded {
+  float v = 0;
+  constexpr Rounded() = default;
+  constexpr explicit Rounded(double x) : v(static_cast<float>(x)) {}
+  static Rounded round(float x) {
+    Rounded r;
+    r.v = to_float(narrow<H>(x));
+    return r;
+  }
+  friend Rounded operator-(Rounded a, Rounded b) { return round(a.v - b.v); }
+  friend Rounded operator/(Rounded a, Rounded b) { return round(a.v / b.v); }
+  Rounded operator-() const { return Rounded(-v); }
+  friend bool operator<(Rounded a, Rounded b) { return a.v < b.v; }
+  friend bool operator>(Rounded a, Rounded b) { return a.v > b.v; }
+  friend bool operator>=(Rounded a, Rounded b) { return a.v >= b.v; }
+  explicit operator int32_t() const { return static_cast<int32_t>(v); }
+  explicit operator int64_t() const { return static_cast<int64_t>(v); }
+  friend std::ostream& operator<<(std::ostream& os, Rounded a) { return os << a.v; }
+};
+
+inline bool finite(float v) { return std::isfinite(v); }
+inline bool finite(double v) { return std::isfinite(v); }
+template <typename H>
+bool finite(Rounded<H> r) { return std::isfinite(r.v); }
 
 // Quotients per block of the cluster pass: a multiple of d (1, 2, 3, 4, 5, 6, 8, ...) rows
 // fits, and the block stays in L1 for the second, integer, half of the pass.
@@ -98,8 +131,8 @@ void pos_min_max(KernelContext& ctx, const T* pos, int64_t n, int64_t d, std::ve
       column_min_max<T, D>(pos + b * d, e - b, d, pmn.data() + c * d, pmx.data() + c * d);
     }
   });
-  mn.assign(pmn.begin(), pmn.begin() + d);
-  mx.assign(pmx.begin(), pmx.begin() + d);
+  mn = std::vector<T>(pmn.begin(), pmn.begin() + d);
+  mx = std::vector<T>(pmx.begin(), pmx.begin() + d);
   for (int64_t c = 1; c < chunks; ++c)
     for (int64_t j = 0; j < d; ++j) {
       const T a = pmn[c * d + j], b = pmx[c * d + j];
@@ -115,7 +148,7 @@ int64_t exact_cluster(const T* p, int64_t row, const Grid<T>& g) {
   int64_t cluster = 0;
   for (int64_t j = 0; j < g.d; ++j) {
     const T v = p[j];
-    OB_CHECK(std::isfinite(v), "pos[", row, ", ", j, "] is ", v, "; positions must be finite (a NaN or infinite ",
+    OB_CHECK(finite(v), "pos[", row, ", ", j, "] is ", v, "; positions must be finite (a NaN or infinite ",
              "position has no voxel)");
     const T q = (v - g.start[j]) / g.size[j];
     int64_t term = 0;
@@ -191,28 +224,25 @@ void cluster_rows(const T* pos, int64_t b, int64_t e, const Grid<T>& g, const T*
 }
 
 template <typename T>
-void check_finite_values(const TensorView* t, const char* name) {
-  if (!t) return;
-  const T* v = t->data_as<T>();
-  for (int64_t j = 0; j < t->numel(); ++j)
-    OB_CHECK(std::isfinite(v[j]), name, "[", j, "] is ", v[j], "; it must be finite");
+void check_finite_values(const T* v, int64_t count, const char* name) {
+  if (!v) return;
+  for (int64_t j = 0; j < count; ++j) OB_CHECK(finite(v[j]), name, "[", j, "] is ", v[j], "; it must be finite");
 }
 
 // Values that make the grid meaningless, whatever n is.
 template <typename T>
-void check_grid_values(const T* size, int64_t d, const TensorView* start_t, const TensorView* end_t) {
+void check_grid_values(const T* size, int64_t d, const T* start, const T* end) {
   for (int64_t j = 0; j < d; ++j)
-    OB_CHECK(size[j] > 0 && std::isfinite(size[j]), "size[", j, "] is ", size[j],
-             "; voxel sizes must be finite and > 0");
-  check_finite_values<T>(start_t, "start");
-  check_finite_values<T>(end_t, "end");
+    OB_CHECK(size[j] > T(0) && finite(size[j]), "size[", j, "] is ", size[j], "; voxel sizes must be finite and > 0");
+  check_finite_values<T>(start, d, "start");
+  check_finite_values<T>(end, d, "end");
 }
 
 // The grid's start and end: those given, else the per-column min and max of pos (n >= 1 rows).
 template <typename T, int D>
-void grid_extent(KernelContext& ctx, const T* pos, int64_t n, int64_t d, const TensorView* start_t,
-                 const TensorView* end_t, std::vector<T>& start, std::vector<T>& end) {
-  auto given = [d](const TensorView* t) { return std::vector<T>(t->data_as<T>(), t->data_as<T>() + d); };
+void grid_extent(KernelContext& ctx, const T* pos, int64_t n, int64_t d, const T* start_t, const T* end_t,
+                 std::vector<T>& start, std::vector<T>& end) {
+  auto given = [d](const T* t) { return std::vector<T>(t, t + d); };
   if (start_t && end_t) {
     start = given(start_t);
     end = given(end_t);
@@ -221,7 +251,7 @@ void grid_extent(KernelContext& ctx, const T* pos, int64_t n, int64_t d, const T
   std::vector<T> mn, mx;
   pos_min_max<T, D>(ctx, pos, n, d, mn, mx);
   for (int64_t j = 0; j < d; ++j)
-    OB_CHECK(std::isfinite(mn[j]) && std::isfinite(mx[j]), "pos has a non-finite value (NaN or infinity) in column ",
+    OB_CHECK(finite(mn[j]) && finite(mx[j]), "pos has a non-finite value (NaN or infinity) in column ",
              j, "; positions must be finite");
   start = start_t ? given(start_t) : mn;
   end = end_t ? given(end_t) : mx;
@@ -286,14 +316,10 @@ void cluster_all(KernelContext& ctx, const T* pos, int64_t n, const Grid<T>& g, 
   });
 }
 
+// pos (n, d), size, start and end (d each; start and end may be null: absent).
 template <typename T, int D>
-void grid_cluster_typed(KernelContext& ctx) {
-  const TensorView& pos_t = ctx.input("pos");
-  const TensorView* start_t = ctx.optional_input("start");
-  const TensorView* end_t = ctx.optional_input("end");
-  const int64_t n = pos_t.dim(0), d = pos_t.dim(1);
-  const T* pos = pos_t.data_as<T>();
-  const T* size = ctx.input("size").data_as<T>();
+void grid_cluster_typed(KernelContext& ctx, int64_t n, int64_t d, const T* pos, const T* size, const T* start_t,
+                        const T* end_t) {
   int64_t* out = ctx.output(0).data_as<int64_t>();
 
   check_grid_values(size, d, start_t, end_t);
@@ -305,7 +331,7 @@ void grid_cluster_typed(KernelContext& ctx) {
 
   Grid<T> g;
   g.d = d;
-  g.size.assign(size, size + d);
+  g.size = std::vector<T>(size, size + d);
   std::vector<T> end;
   grid_extent<T, D>(ctx, pos, n, d, start_t, end_t, g.start, end);
   grid_strides(g, end);
@@ -314,16 +340,42 @@ void grid_cluster_typed(KernelContext& ctx) {
   cluster_all<T, D>(ctx, pos, n, g, out);
 }
 
+template <typename T>
+void grid_cluster_dims(KernelContext& ctx, int64_t n, int64_t d, const T* pos, const T* size, const T* start,
+                       const T* end) {
+  switch (d) {  // the common dimensions get loops of a fixed width
+    case 2: return grid_cluster_typed<T, 2>(ctx, n, d, pos, size, start, end);
+    case 3: return grid_cluster_typed<T, 3>(ctx, n, d, pos, size, start, end);
+    default: return grid_cluster_typed<T, 0>(ctx, n, d, pos, size, start, end);
+  }
+}
+
 }  // namespace
 
 void grid_cluster_kernel(KernelContext& ctx) {
   const TensorView& pos = ctx.input("pos");
-  visit_dtype<float, double>(pos.dtype, [&](auto zero) {
-    using T = decltype(zero);
-    switch (pos.dim(1)) {  // the common dimensions get loops of a fixed width
-      case 2: return grid_cluster_typed<T, 2>(ctx);
-      case 3: return grid_cluster_typed<T, 3>(ctx);
-      default: return grid_cluster_typed<T, 0>(ctx);
+  const TensorView& size = ctx.input("size");
+  const TensorView* start = ctx.optional_input("start");
+  const TensorView* end = ctx.optional_input("end");
+  const int64_t n = pos.dim(0), d = pos.dim(1);
+  visit_dtype<float, double, Float16, BFloat16>(pos.dtype, [&](auto zero) {
+    using S = decltype(zero);
+    auto data = [](const TensorView* t) { return t ? t->data_as<S>() : nullptr; };
+    if constexpr (std::is_same_v<S, float> || std::is_same_v<S, double>) {
+      grid_cluster_dims<S>(ctx, n, d, data(&pos), data(&size), data(start), data(end));
+    } else {
+      // 16-bit: the values, exact in float32, computed on with the 16-bit type's rounding.
+      using T = Rounded<S>;
+      auto widened = [&](const TensorView& t) {
+        T* w = static_cast<T*>(ctx.scratch(static_cast<size_t>(std::max<int64_t>(1, t.numel())) * sizeof(T)));
+        const S* v = t.data_as<S>();
+        ctx.parallel_for(t.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) w[i].v = to_float(v[i]);
+        });
+        return static_cast<const T*>(w);
+      };
+      grid_cluster_dims<T>(ctx, n, d, widened(pos), widened(size), start ? widened(*start) : nullptr,
+                           end ? widened(*end) : nullptr);
     }
   });
 }

@@ -1,6 +1,7 @@
 """grid_cluster: torch_cluster's voxel grid clustering, optional start/end, an int64 output."""
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -51,6 +52,11 @@ SAMPLES = [
     Sample((r([0, 2], "float64"), t([1.0, 1.0], "float64"), t([0.0, 0.0], "float64"), t([4.0, 4.0], "float64")),
            name="empty_with_bounds"),
     Sample((r([3, 0]), r([0])), name="zero_dimensions"),
+    # float16: every subtraction and division rounds to float16, as numpy's and PyTorch's
+    # float16 arithmetic does (the reference computes in float16 too).
+    Sample((r([300, 3], "float16", seed=12, low=-40, high=40), t([0.3, 0.7, 1.1], "float16")), name="float16_3d"),
+    Sample((r([150, 2], "float16", seed=13, low=-8, high=8), t([0.25, 0.1], "float16"), t([-5.0, -3.0], "float16"),
+            t([6.0, 2.0], "float16")), name="float16_start_end"),
 ]
 
 TestGridCluster = op_test_suite(
@@ -59,7 +65,7 @@ TestGridCluster = op_test_suite(
         reference=reference,
         samples=SAMPLES,
         bad_inputs=[
-            BadInput((r([4, 2]).long(), t([1, 1], "int64")), {}, "input 'pos' has dtype int64; expected float32 or float64",
+            BadInput((r([4, 2]).long(), t([1, 1], "int64")), {}, "input 'pos' has dtype int64; expected float32, float64, float16 or bfloat16",
                      "wrong_dtype"),
             BadInput((r([4, 2]), t([1.0, 1.0], "float64")), {}, "must have the same dtype", "mixed_dtypes"),
             BadInput((r([8]), t([1.0])), {}, "input 'pos' must have rank 2", "pos_rank_1"),
@@ -205,3 +211,43 @@ def test_reference_is_not_trivial():
     # Guards the oracle: strides multiply (not add), and the quotient truncates (not floors).
     pos = np.array([[1.0, 1.0], [-0.5, 0.0], [2.0, 2.0]])
     assert reference(pos, np.ones(2), np.zeros(2), np.full(2, 2.0)).tolist() == [4, 0, 8]
+
+
+def _torch_formula(pos, size, start=None, end=None):
+    """torch_cluster's grid as tensor arithmetic in pos's dtype (PyTorch's own 16-bit rounding)."""
+    start = pos.min(0).values if start is None else start
+    end = pos.max(0).values if end is None else end
+    num = ((end - start) / size).long() + 1
+    strides = torch.cat([torch.ones(1, dtype=torch.long), num.cumprod(0)])[: pos.shape[1]]
+    return (((pos - start) / size).long() * strides).sum(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("given", ["derived", "start_end"])
+def test_16bit_positions_round_each_step_as_pytorch_does(dtype, given):
+    pos = (torch.rand(4000, 3, generator=torch.Generator().manual_seed(3)) * 200 - 100).to(dtype)
+    size = torch.tensor([0.3, 0.7, 1.3]).to(dtype)
+    bounds = (torch.tensor([-90.0, -120.0, -80.0]).to(dtype), torch.tensor([95.0, 60.0, 101.0]).to(dtype))
+    args = (pos, size) + (bounds if given == "start_end" else ())
+    want = _torch_formula(*args)
+    assert torch.equal(grid_cluster(*args), want)
+    # The test can tell: computed in float32 and truncated once, some points land in another voxel.
+    assert not torch.equal(_torch_formula(*(a.float() for a in args)), want)
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_bfloat16_positions_in_onnxruntime(exporter):
+    import onnxruntime as ort
+
+    class M(torch.nn.Module):
+        def forward(self, pos, size):
+            return grid_cluster(pos, size)
+
+    pos = (torch.rand(500, 3, generator=torch.Generator().manual_seed(4)) * 50).to(torch.bfloat16)
+    size = torch.tensor([0.5, 0.9, 1.7]).to(torch.bfloat16)
+    m = opbridge.export(M(), (pos, size), exporter=exporter)
+    feeds = {i.name: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(torch.int16).numpy(),
+                                                                       onnx.TensorProto.BFLOAT16)
+             for i, a in zip(m.graph.input, (pos, size))}
+    got = opbridge.session(m).run_with_ort_values(None, feeds)[0].numpy()
+    np.testing.assert_array_equal(got, _torch_formula(pos, size).numpy())
