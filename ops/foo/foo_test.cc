@@ -12,6 +12,17 @@ TEST(FooKernel, AddsElementwise) {
   for (size_t i = 0; i < z.size(); ++i) EXPECT_EQ(z[i], vx[i] + vy[i]);
 }
 
+TEST(FooKernel, FloatPlusInt8) {
+  // The mixed-type form: int8 y, float32 x; every int8 is exact in float.
+  Tensor x = Tensor::random<float>({4, 5}, 7);
+  std::vector<int8_t> yv(20);
+  for (size_t i = 0; i < yv.size(); ++i) yv[i] = static_cast<int8_t>(int(i * 37 % 256) - 128);
+  Tensor y = Tensor::of<int8_t>({4, 5}, yv);
+  auto z = run("foo", {x, y})[0].values<float>();
+  auto vx = x.values<float>();
+  for (size_t i = 0; i < z.size(); ++i) EXPECT_EQ(z[i], vx[i] + float(yv[i]));
+}
+
 TEST(FooKernel, RejectsDifferentShapes) {
   Tensor x = Tensor::random<float>({2, 3}, 5), y = Tensor::random<float>({3}, 6);
   try {
