@@ -4,7 +4,8 @@ Conv of the same shape in ONNX Runtime (the floor: the same GEMM without any sam
 opbridge in PyTorch eager (torch.ops.opbridge.deform_conv2d, on torch's intra-op threads).
 
 64 -> 64 channels, 3x3, 64x64, padding 1, offset_groups 1 and 4, N = 1 and 4, each on 1 and
-2 threads (ONNX Runtime's intra_op_num_threads, torch.set_num_threads for eager). Timed in
+2 threads (ONNX Runtime's intra_op_num_threads, torch.set_num_threads for eager); and the custom
+node on float16 against float32. Timed in
 interleaved rounds with ONNX Runtime's thread spinning off, so no implementation runs in the wake
 of another's spinning workers.
 """
@@ -67,6 +68,31 @@ def _case(n: int, c: int, hw: int, k: int, og: int, threads: int, rounds: int) -
     return rows
 
 
+def _half_case(n: int, c: int, hw: int, k: int, threads: int, rounds: int) -> list[Row]:
+    """The same DeformConv2d node in ONNX Runtime on float32 (the subject) and float16 inputs. The
+    16-bit path widens the inputs to float32, runs the float32 kernel and rounds the output: the
+    ratio is the price of the conversions (ONNX Runtime's own DeformConv has no float16 kernel)."""
+    name = f"deform_conv2d float16 vs float32 in ONNX Runtime, n={n} c={c}->{c} {hw}x{hw} k={k}, {threads} thread(s)"
+    rng = np.random.default_rng(1)
+    feeds32 = {"input": rng.standard_normal((n, c, hw, hw), dtype=np.float32),
+               "weight": (rng.standard_normal((c, c, k, k), dtype=np.float32) * 0.1).astype(np.float32),
+               "offset": rng.uniform(-2, 2, (n, 2 * k * k, hw, hw)).astype(np.float32),
+               "bias": rng.standard_normal(c, dtype=np.float32),
+               "mask": rng.uniform(0, 1, (n, k * k, hw, hw)).astype(np.float32)}
+    fns, outs = {}, {}
+    for dtype in (np.float32, np.float16):
+        feeds = {key: v.astype(dtype) for key, v in feeds32.items()}
+        sess = ort_session(one_node_model("DeformConv2d", feeds, {"y": (dtype, (n, c, hw, hw))}, {"padding": [1, 1]},
+                                          domain="opbridge"), threads=threads, spinning=False)
+        label = f"opbridge DeformConv2d (ONNX Runtime) {np.dtype(dtype).name}"
+        outs[label] = sess.run(None, feeds)[0]
+        fns[label] = lambda sess=sess, feeds=feeds: sess.run(None, feeds)
+    first, second = outs.values()
+    notes = {list(fns)[1]: f"max |float16 - float32| {float(np.abs(second.astype(np.float32) - first).max()):.1e}"}
+    progress(name)
+    return interleaved(name, fns, rounds=rounds, notes=notes)
+
+
 def run(quick: bool) -> list[Row]:
     import torch
 
@@ -82,6 +108,8 @@ def run(quick: bool) -> list[Row]:
         for n, og in cases:
             for threads in (1, 2):
                 rows += _case(n, c, hw, k, og, threads, rounds)
+        for threads in (1, 2):
+            rows += _half_case(cases[-1][0], c, hw, k, threads, rounds)
     finally:
         torch.set_num_threads(torch_threads)
     return rows
