@@ -38,11 +38,13 @@ namespace {
 //   14  KernelInfo_GetInputCount, KernelInfo_GetInputTypeInfo
 //   15  KernelInfo_GetNodeName
 //   17  KernelContext_ParallelFor (the floor: kernels run on the session's thread pool)
+//   24  GetTensorElementTypeAndShapeDataReference (optional: an input's shape without allocating)
 //   25  KernelInfoGetAttributeArray_string (optional: see string_list_size)
 // A runtime reads the OrtCustomOp fields of the op's version: those set here are all within the
 // floor (GetInputMemoryType 13, variadic arity 14, CreateKernelV2/KernelComputeV2 16,
 // GetStartVersion/GetEndVersion 17).
 constexpr uint32_t kMinApiVersion = 17;
+constexpr uint32_t kShapeReferenceApiVersion = 24;
 constexpr uint32_t kStringListApiVersion = 25;
 static_assert(ORT_API_VERSION >= kStringListApiVersion, "build against ONNX Runtime 1.25 headers or newer");
 
@@ -233,12 +235,12 @@ class OrtHost final : public KernelHost {
   explicit OrtHost(const OrtKernelContext* ort) : ort_(ort) {}
   void* output_memory(size_t i, DType, const Shape& shape) override { return output_data(ort_, i, shape); }
 
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) override {
+  void parallel_for(int64_t n, int64_t grain, ParallelBody fn) override {
     if (n <= 0) return;
     grain = std::max<int64_t>(grain, 1);
     const int64_t chunks = std::min<int64_t>((n + grain - 1) / grain, 1024);
     if (chunks == 1) return fn(0, n);
-    Job job{&fn, n, (n + chunks - 1) / chunks, {}, {}};
+    Job job{fn, n, (n + chunks - 1) / chunks, {}, {}};
     check(g_api->KernelContext_ParallelFor(ort_, &Job::run, static_cast<size_t>(chunks), 0, &job));
     if (job.error) std::rethrow_exception(job.error);
   }
@@ -246,7 +248,7 @@ class OrtHost final : public KernelHost {
  private:
   // Exceptions must not cross ONNX Runtime's thread pool: keep the first, rethrow on return.
   struct Job {
-    const std::function<void(int64_t, int64_t)>* fn;
+    ParallelBody fn;
     int64_t n, chunk;
     std::mutex mu;
     std::exception_ptr error;
@@ -254,7 +256,7 @@ class OrtHost final : public KernelHost {
       auto* j = static_cast<Job*>(self);
       const int64_t begin = static_cast<int64_t>(i) * j->chunk, end = std::min(j->n, begin + j->chunk);
       try {
-        if (begin < end) (*j->fn)(begin, end);
+        if (begin < end) j->fn(begin, end);
       } catch (...) {
         std::lock_guard<std::mutex> lock(j->mu);
         if (!j->error) j->error = std::current_exception();
@@ -264,32 +266,59 @@ class OrtHost final : public KernelHost {
   const OrtKernelContext* ort_;
 };
 
+// What compute() keeps from call to call on each thread, so that a warm call allocates nothing
+// of its own: the input views, the call's shapes and output views (for a small op the allocations
+// were most of the per-call cost). In use while a call runs; a call that finds it in use (never
+// expected: ONNX Runtime does not run a node inside another on one thread) uses fresh storage.
+struct ComputeBuffers {
+  std::vector<TensorView> views;
+  std::vector<const TensorView*> inputs;
+  CallBuffers call;
+  bool in_use = false;
+};
+
 void compute(const Kernel& k, OrtKernelContext* ctx) {
+  thread_local ComputeBuffers kept;
+  ComputeBuffers fresh;
+  ComputeBuffers& b = kept.in_use ? fresh : kept;
+  b.in_use = true;
+  struct Release {
+    ComputeBuffers& b;
+    ~Release() { b.in_use = false; }
+  } release{b};
   const OpSpec& op = *k.spec;
   size_t n_in = 0;
   check(g_api->KernelContext_GetInputCount(ctx, &n_in));
-  std::vector<TensorView> views(op.inputs.size());
-  std::vector<const TensorView*> inputs(op.inputs.size(), nullptr);
+  b.views.resize(op.inputs.size());
+  b.inputs.assign(op.inputs.size(), nullptr);
   for (size_t i = 0; i < op.inputs.size() && i < n_in; ++i) {
     const OrtValue* v = nullptr;
     check(g_api->KernelContext_GetInput(ctx, i, &v));
     if (!v) continue;  // an optional input given as ""
-    OrtTensorTypeAndShapeInfo* info = nullptr;
-    check(g_api->GetTensorTypeAndShape(v, &info));
-    std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> guard(info, g_api->ReleaseTensorTypeAndShapeInfo);
+    TensorView& view = b.views[i];
     ONNXTensorElementDataType et;
-    size_t rank = 0;
-    check(g_api->GetTensorElementType(info, &et));
-    check(g_api->GetDimensionsCount(info, &rank));
-    Shape shape(rank);
-    check(g_api->GetDimensions(info, shape.data(), rank));
-    void* data = nullptr;
-    check(g_api->GetTensorMutableData(const_cast<OrtValue*>(v), &data));
-    views[i] = TensorView{data, from_onnx(et, op.inputs[i].name), shape, contiguous_strides(shape), Device::CPU};
-    inputs[i] = &views[i];
+    if (g_api_version >= kShapeReferenceApiVersion) {  // the value's own shape, nothing allocated
+      const int64_t* dims = nullptr;
+      size_t rank = 0;
+      check(g_api->GetTensorElementTypeAndShapeDataReference(v, &et, &dims, &rank));
+      view.shape.assign(dims, dims + rank);
+    } else {
+      OrtTensorTypeAndShapeInfo* info = nullptr;
+      check(g_api->GetTensorTypeAndShape(v, &info));
+      std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> guard(info, g_api->ReleaseTensorTypeAndShapeInfo);
+      size_t rank = 0;
+      check(g_api->GetTensorElementType(info, &et));
+      check(g_api->GetDimensionsCount(info, &rank));
+      view.shape.resize(rank);
+      check(g_api->GetDimensions(info, view.shape.data(), rank));
+    }
+    check(g_api->GetTensorMutableData(const_cast<OrtValue*>(v), &view.data));
+    view.dtype = from_onnx(et, op.inputs[i].name);
+    contiguous_strides(view.shape, view.strides);
+    b.inputs[i] = &view;
   }
   OrtHost host(ctx);
-  run_kernel(op, inputs, k.attrs, host);
+  run_kernel(op, b.inputs, k.attrs, host, b.call);
 }
 
 // Runs f, turning any exception into a failed status that names the op (and node).

@@ -181,9 +181,7 @@ class TorchHost final : public KernelHost {
     }
     return tensors[i].data_ptr();
   }
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) override {
-    at::parallel_for(0, n, grain, fn);
-  }
+  void parallel_for(int64_t n, int64_t grain, ParallelBody body) override { at::parallel_for(0, n, grain, body); }
   std::vector<at::Tensor> tensors;
 
  private:

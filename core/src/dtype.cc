@@ -63,16 +63,21 @@ void TensorView::check_type(DType t) const {
   OB_CHECK(t == dtype, "kernel reads a ", dtype_name(dtype), " tensor as ", dtype_name(t));
 }
 
-Shape contiguous_strides(const Shape& shape) {
+void contiguous_strides(const Shape& shape, Shape& s) {
   // An empty tensor may have dimensions whose product exceeds int64; its strides are never used
   // to address memory, so they saturate instead of overflowing. A non-empty tensor's product
   // fits (its bytes were allocated).
-  Shape s(shape.size(), 1);
+  s.assign(shape.size(), 1);
   for (size_t i = shape.size(); i-- > 1;) {
     int64_t next = 0;
     if (__builtin_mul_overflow(s[i], std::max<int64_t>(shape[i], 1), &next)) next = std::numeric_limits<int64_t>::max();
     s[i - 1] = next;
   }
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape s;
+  contiguous_strides(shape, s);
   return s;
 }
 

@@ -15,23 +15,34 @@ int64_t checked_nbytes(DType dtype, const Shape& shape, const std::string& name)
 
 std::vector<TensorView> run_kernel(const OpSpec& op, const std::vector<const TensorView*>& inputs,
                                    const std::vector<AttrValue>& attrs, KernelHost& host) {
-  PreparedCall call = prepare_call(op, inputs, attrs);
-  std::vector<TensorView> outputs;
+  CallBuffers buffers;
+  run_kernel(op, inputs, attrs, host, buffers);
+  return std::move(buffers.outputs);
+}
+
+void run_kernel(const OpSpec& op, const std::vector<const TensorView*>& inputs, const std::vector<AttrValue>& attrs,
+                KernelHost& host, CallBuffers& buffers) {
+  PreparedCall& call = buffers.call;
+  prepare_call(op, inputs, attrs, call);
+  std::vector<TensorView>& outputs = buffers.outputs;
+  outputs.resize(op.outputs.size());
   for (size_t i = 0; i < op.outputs.size(); ++i) {
-    const Shape& shape = call.output_shapes[i];
-    const DType dtype = call.output_dtypes[i];
+    TensorView& out = outputs[i];
+    out.dtype = call.output_dtypes[i];
+    out.shape = call.output_shapes[i];  // copied into storage kept from earlier calls
     if (op.outputs[i].data_dependent()) {  // the kernel allocates it (allocate_output)
-      outputs.push_back(TensorView{nullptr, dtype, shape, {}, Device::CPU});
+      out.data = nullptr;
+      out.strides.clear();
       continue;
     }
     // Refused here, in the op's words, before a host's allocator sees an impossible size.
-    checked_nbytes(dtype, shape, op.outputs[i].name);
-    outputs.push_back(TensorView{host.output_memory(i, dtype, shape), dtype, shape, contiguous_strides(shape), Device::CPU});
+    checked_nbytes(out.dtype, out.shape, op.outputs[i].name);
+    out.data = host.output_memory(i, out.dtype, out.shape);
+    contiguous_strides(out.shape, out.strides);
   }
-  KernelContext ctx(op, inputs, std::move(outputs), attrs, host);
+  KernelContext ctx(op, inputs, outputs, attrs, host);
   op.cpu_kernel(ctx);
   ctx.check_outputs_allocated();
-  return ctx.outputs();
 }
 
 }  // namespace opbridge

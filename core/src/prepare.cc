@@ -16,12 +16,18 @@ std::string dtype_list(const TypeConstraint& t) {
 }  // namespace
 
 std::vector<DType> resolve_types(const OpSpec& op, const std::vector<std::optional<DType>>& input_dtypes) {
+  std::vector<DType> resolved;
+  resolve_types(op, input_dtypes, resolved);
+  return resolved;
+}
+
+void resolve_types(const OpSpec& op, const std::vector<std::optional<DType>>& input_dtypes, std::vector<DType>& resolved) {
   OB_CHECK(input_dtypes.size() == op.inputs.size(), "expected ", op.inputs.size(), " inputs, got ",
            input_dtypes.size());
-  std::vector<DType> resolved;
+  resolved.clear();
   for (const TypeConstraint& t : op.types) {
     std::optional<DType> chosen;
-    std::string chosen_by;
+    std::string_view chosen_by;
     for (size_t i = 0; i < op.inputs.size(); ++i) {
       const InputSpec& in = op.inputs[i];
       if (in.type != t.name || !input_dtypes[i]) continue;
@@ -34,15 +40,19 @@ std::vector<DType> resolve_types(const OpSpec& op, const std::vector<std::option
     }
     resolved.push_back(chosen.value_or(t.allowed.front()));
   }
-  return resolved;
 }
 
 std::vector<DType> output_dtypes(const OpSpec& op, const std::vector<DType>& resolved) {
   std::vector<DType> out;
+  output_dtypes(op, resolved, out);
+  return out;
+}
+
+void output_dtypes(const OpSpec& op, const std::vector<DType>& resolved, std::vector<DType>& out) {
+  out.clear();
   for (const OutputSpec& o : op.outputs)
     for (size_t t = 0; t < op.types.size(); ++t)
       if (op.types[t].name == o.type) out.push_back(resolved[t]);
-  return out;
 }
 
 std::vector<AttrValue> resolve_attrs(const OpSpec& op, std::vector<std::optional<AttrValue>> given) {
@@ -64,16 +74,22 @@ std::vector<AttrValue> resolve_attrs(const OpSpec& op, std::vector<std::optional
 
 PreparedCall prepare_call(const OpSpec& op, const std::vector<const TensorView*>& inputs,
                           const std::vector<AttrValue>& attrs) {
-  std::vector<std::optional<DType>> dtypes;
-  std::vector<const Shape*> shapes;
-  for (const TensorView* t : inputs) {
-    dtypes.push_back(t ? std::optional<DType>(t->dtype) : std::nullopt);
-    shapes.push_back(t ? &t->shape : nullptr);
-  }
   PreparedCall call;
-  call.output_dtypes = output_dtypes(op, resolve_types(op, dtypes));
-  call.output_shapes = ShapeInference<int64_t>(op, shapes, attrs).run();
+  prepare_call(op, inputs, attrs, call);
   return call;
+}
+
+void prepare_call(const OpSpec& op, const std::vector<const TensorView*>& inputs, const std::vector<AttrValue>& attrs,
+                  PreparedCall& call) {
+  call.input_dtypes.clear();
+  call.input_shapes.clear();
+  for (const TensorView* t : inputs) {
+    call.input_dtypes.push_back(t ? std::optional<DType>(t->dtype) : std::nullopt);
+    call.input_shapes.push_back(t ? &t->shape : nullptr);
+  }
+  resolve_types(op, call.input_dtypes, call.resolved);
+  output_dtypes(op, call.resolved, call.output_dtypes);
+  ShapeInference<int64_t>(op, call.input_shapes, attrs).run(call.output_shapes);
 }
 
 }  // namespace opbridge

@@ -148,7 +148,9 @@ TEST(KernelContext, AllocateOutputChecksTheRule) {
   PreparedCall call = prepare_call(op, {&a}, attrs);
   ASSERT_EQ(call.output_shapes[0], (Shape{3, kDataDependentDim}));
   testing::TestHost host(1, /*threaded=*/false);
-  KernelContext ctx(op, {&a}, {TensorView{nullptr, DType::Float32, call.output_shapes[0], {}, Device::CPU}}, attrs, host);
+  std::vector<const TensorView*> inputs{&a};
+  std::vector<TensorView> outputs{TensorView{nullptr, DType::Float32, call.output_shapes[0], {}, Device::CPU}};
+  KernelContext ctx(op, inputs, outputs, attrs, host);
   EXPECT_THROW(ctx.check_outputs_allocated(), Error);
   EXPECT_THROW(ctx.allocate_output(0, {3}), Error);     // wrong rank
   EXPECT_THROW(ctx.allocate_output(0, {4, 2}), Error);  // the rule fixes axis 0 to 3

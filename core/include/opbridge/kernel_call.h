@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "opbridge/kernel_context.h"
+#include "opbridge/prepare.h"
 
 namespace opbridge {
 
@@ -14,6 +15,16 @@ namespace opbridge {
 // Returns the outputs' views, into memory the host gave. Throws Error (without the op's name).
 std::vector<TensorView> run_kernel(const OpSpec& op, const std::vector<const TensorView*>& inputs,
                                    const std::vector<AttrValue>& attrs, KernelHost& host);
+
+// The storage of a kernel call: a host that keeps one per thread and passes it to every call
+// allocates nothing per call for it once warm (ONNX Runtime's adapter does: for a small op that
+// allocation is most of the per-call cost).
+struct CallBuffers {
+  PreparedCall call;
+  std::vector<TensorView> outputs;  // the call's outputs, after run_kernel
+};
+void run_kernel(const OpSpec& op, const std::vector<const TensorView*>& inputs, const std::vector<AttrValue>& attrs,
+                KernelHost& host, CallBuffers& buffers);
 
 // The bytes of output `name`, contiguous, of `dtype` and `shape`; throws Error naming it when the
 // size does not fit in int64.

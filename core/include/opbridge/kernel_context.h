@@ -3,16 +3,32 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "opbridge/op_spec.h"
 #include "opbridge/tensor_view.h"
 
 namespace opbridge {
+
+// What parallel_for runs: a non-owning reference to a callable body(begin, end). Passing a
+// kernel's lambda allocates nothing (a std::function would, for captures over 16 bytes: on every
+// call of a small op). The callable must outlive the parallel_for call, as a lambda argument does.
+class ParallelBody {
+ public:
+  template <typename F, typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, ParallelBody>>>
+  ParallelBody(F&& body)  // NOLINT: implicit, so kernels pass lambdas as they are
+      : body_(const_cast<void*>(static_cast<const void*>(std::addressof(body)))),
+        call_([](void* b, int64_t begin, int64_t end) { (*static_cast<std::remove_reference_t<F>*>(b))(begin, end); }) {}
+  void operator()(int64_t begin, int64_t end) const { call_(body_, begin, end); }
+
+ private:
+  void* body_;
+  void (*call_)(void*, int64_t, int64_t);
+};
 
 // What a host runtime lends one kernel call. The torch adapter, the ONNX Runtime adapter and
 // the kernel test harness each implement it; everything else about a call is the same in all of
@@ -24,14 +40,15 @@ class KernelHost {
   virtual void* output_memory(size_t i, DType dtype, const Shape& shape) = 0;
   // Runs fn(begin, end) over [0, n) in chunks of at least `grain` on the host's intra-op thread
   // pool (at::parallel_for in PyTorch, KernelContext_ParallelFor in ONNX Runtime).
-  virtual void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) = 0;
+  virtual void parallel_for(int64_t n, int64_t grain, ParallelBody body) = 0;
 };
 
 class KernelContext {
  public:
-  KernelContext(const OpSpec& op, std::vector<const TensorView*> inputs, std::vector<TensorView> outputs,
+  // Refers to the caller's inputs, outputs and attributes, which outlive it (see run_kernel).
+  KernelContext(const OpSpec& op, const std::vector<const TensorView*>& inputs, std::vector<TensorView>& outputs,
                 const std::vector<AttrValue>& attrs, KernelHost& host)
-      : op_(op), inputs_(std::move(inputs)), outputs_(std::move(outputs)), attrs_(attrs), host_(host) {}
+      : op_(op), inputs_(inputs), outputs_(outputs), attrs_(attrs), host_(host) {}
   KernelContext(const KernelContext&) = delete;
   KernelContext& operator=(const KernelContext&) = delete;
 
@@ -59,9 +76,7 @@ class KernelContext {
   const std::string& attr_string(std::string_view name) const { return std::get<std::string>(attr(name)); }
 
   // Runs fn(begin, end) over [0, n) in chunks of at least `grain` on the host's thread pool.
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
-    host_.parallel_for(n, grain, fn);
-  }
+  void parallel_for(int64_t n, int64_t grain, ParallelBody body) { host_.parallel_for(n, grain, body); }
   // Scratch memory that lives until the kernel returns. Safe to call inside parallel_for.
   void* scratch(size_t bytes);
 
@@ -70,8 +85,8 @@ class KernelContext {
   const AttrValue& attr(std::string_view name) const;
 
   const OpSpec& op_;
-  std::vector<const TensorView*> inputs_;
-  std::vector<TensorView> outputs_;
+  const std::vector<const TensorView*>& inputs_;
+  std::vector<TensorView>& outputs_;
   const std::vector<AttrValue>& attrs_;
   KernelHost& host_;
   std::mutex scratch_mu_;

@@ -15,6 +15,9 @@ namespace opbridge {
 // constraint (a constraint no present input names keeps its first allowed dtype).
 std::vector<DType> resolve_types(const OpSpec& op, const std::vector<std::optional<DType>>& input_dtypes);
 std::vector<DType> output_dtypes(const OpSpec& op, const std::vector<DType>& resolved);
+// The same, into `out` (its storage reused).
+void resolve_types(const OpSpec& op, const std::vector<std::optional<DType>>& input_dtypes, std::vector<DType>& out);
+void output_dtypes(const OpSpec& op, const std::vector<DType>& resolved, std::vector<DType>& out);
 
 // Fills defaults, rejects missing required attributes and wrong kinds. `given[i]` is the value
 // the caller found for op.attrs[i], if any.
@@ -23,10 +26,17 @@ std::vector<AttrValue> resolve_attrs(const OpSpec& op, std::vector<std::optional
 struct PreparedCall {
   std::vector<DType> output_dtypes;
   std::vector<Shape> output_shapes;
+  // Working storage: a PreparedCall reused from call to call allocates nothing once warm.
+  std::vector<std::optional<DType>> input_dtypes;
+  std::vector<const Shape*> input_shapes;
+  std::vector<DType> resolved;
 };
 
 // inputs[i] is nullptr for an absent optional input. Throws Error (without the op's name).
 PreparedCall prepare_call(const OpSpec& op, const std::vector<const TensorView*>& inputs,
                           const std::vector<AttrValue>& attrs);
+// The same, into `call`, reusing its storage.
+void prepare_call(const OpSpec& op, const std::vector<const TensorView*>& inputs, const std::vector<AttrValue>& attrs,
+                  PreparedCall& call);
 
 }  // namespace opbridge

@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "opbridge/error.h"
@@ -62,11 +63,19 @@ class ShapeInference {
   using Dims = std::vector<D>;
   using T = DimTraits<D>;
 
-  // in[i] is nullptr for an absent optional input.
-  ShapeInference(const OpSpec& op, std::vector<const Dims*> in, const std::vector<AttrValue>& attrs)
-      : op_(op), in_(std::move(in)), attrs_(attrs) {}
+  // in[i] is nullptr for an absent optional input. `in` and `attrs` are referred to, not copied:
+  // they must outlive the ShapeInference (a temporary in the expression that runs it does).
+  ShapeInference(const OpSpec& op, const std::vector<const Dims*>& in, const std::vector<AttrValue>& attrs)
+      : op_(op), in_(in), attrs_(attrs) {}
 
   std::vector<Dims> run() const {
+    std::vector<Dims> out;
+    run(out);
+    return out;
+  }
+
+  // The output shapes into `out`, reusing its storage.
+  void run(std::vector<Dims>& out) const {
     OB_CHECK(in_.size() == op_.inputs.size(), "expected ", op_.inputs.size(), " inputs, got ", in_.size());
     for (size_t i = 0; i < in_.size(); ++i) {
       const InputSpec& s = op_.inputs[i];
@@ -85,9 +94,8 @@ class ShapeInference {
                                  : T::maybe_gt(r, l).value_or(true);
       if (!ok) throw Error(check_message(c, l, r));
     }
-    std::vector<Dims> out;
-    for (const OutputSpec& o : op_.outputs) out.push_back(output(o));
-    return out;
+    out.resize(op_.outputs.size());
+    for (size_t i = 0; i < out.size(); ++i) output(op_.outputs[i], out[i]);
   }
 
   D eval(const DimExpr& e) const {
@@ -149,11 +157,11 @@ class ShapeInference {
     throw Error(detail::concat("shape rule needs input '", names.front(), "', which is absent"));
   }
 
-  Dims output(const OutputSpec& o) const {
+  void output(const OutputSpec& o, Dims& d) const {
     using K = ShapeRule::Kind;
     const ShapeRule& r = o.shape;
+    d.clear();
     if (r.kind == K::Dims) {
-      Dims d;
       for (const DimExpr& e : r.dims) {
         if (e.node->kind == DimNode::Kind::Data) {  // the kernel decides, see allocate_output
           d.push_back(T::from(kDataDependentDim));
@@ -163,12 +171,12 @@ class ShapeInference {
         OB_CHECK(!T::known_negative(d.back()), "output '", o.name, "' would have a negative size (", e.str(),
                  " = ", d.back(), ")");
       }
-      return d;
+      return;
     }
-    // Broadcast / Same over the present named inputs.
+    // Broadcast / Same over the present named inputs, accumulated in d.
     const Dims* first = nullptr;
-    std::string first_name;
-    Dims acc;
+    std::string_view first_name;
+    Dims& acc = d;
     for (const std::string& name : r.inputs) {
       const Dims* s = in_.at(static_cast<size_t>(op_.input_index(name)));
       if (!s) continue;
@@ -186,10 +194,9 @@ class ShapeInference {
       }
     }
     OB_CHECK(first, "output '", o.name, "' is shaped by inputs that are all absent");
-    return acc;
   }
 
-  Dims broadcast2(const Dims& a, const Dims& b, const std::string& an, const std::string& bn) const {
+  Dims broadcast2(const Dims& a, const Dims& b, std::string_view an, std::string_view bn) const {
     size_t r = std::max(a.size(), b.size());
     Dims out(r, T::from(1));
     for (size_t i = 0; i < r; ++i) {
@@ -208,7 +215,7 @@ class ShapeInference {
   }
 
   const OpSpec& op_;
-  std::vector<const Dims*> in_;
+  const std::vector<const Dims*>& in_;
   const std::vector<AttrValue>& attrs_;
 };
 

@@ -32,6 +32,7 @@ struct TensorView {
 };
 
 Shape contiguous_strides(const Shape& shape);
+void contiguous_strides(const Shape& shape, Shape& out);  // into `out`, reusing its storage
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 
 }  // namespace opbridge

@@ -75,7 +75,7 @@ class TestHost final : public KernelHost {
     outputs.at(i) = Tensor::empty(dtype, shape);
     return outputs[i].view.data;
   }
-  void parallel_for(int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& fn) override {
+  void parallel_for(int64_t n, int64_t, ParallelBody fn) override {
     if (n <= 0) return;
     if (!threaded_) return fn(0, n);
     const int64_t chunk = 7;

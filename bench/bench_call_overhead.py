@@ -1,0 +1,56 @@
+"""Per-call overhead of an opbridge custom node in ONNX Runtime: a chain of opbridge::Foo nodes
+(x + y, the smallest custom op) against the same chain of ai.onnx Add nodes (ONNX Runtime's own
+kernel), on 1-element float32 tensors, where the arithmetic is nothing and the time is the
+runtime's and the adapter's per-node work. One node and a chain of 100, one intra-op thread,
+interleaved rounds (each round times a block of runs of each model). The subject is the Foo
+chain; a ratio above 1 means Add is slower, below 1 that the custom node costs more.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from common import Row, interleaved, ort_session, progress
+
+
+def _chain(op_type: str, domain: str, length: int):
+    nodes = [helper.make_node(op_type, ["x" if i == 0 else f"t{i}", "y"], [f"t{i + 1}" if i + 1 < length else "z"],
+                              domain=domain) for i in range(length)]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in ("x", "y", "z")]
+    imports = [helper.make_opsetid("", 19)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    return helper.make_model(helper.make_graph(nodes, f"{op_type}_chain", io[:2], io[2:]), opset_imports=imports,
+                             ir_version=10)
+
+
+def run(quick: bool) -> list[Row]:
+    feeds = {"x": np.array([1.5], np.float32), "y": np.array([0.25], np.float32)}
+    rows: list[Row] = []
+    block = 50 if quick else 500
+    for length in (1, 100):
+        name = f"per-call overhead: a chain of {length} node(s) on 1-element float32 tensors, 1 thread, {block} runs"
+        progress(name)
+        ours = ort_session(_chain("Foo", "opbridge", length), threads=1, spinning=False)
+        theirs = ort_session(_chain("Add", "", length), threads=1, spinning=False)
+        want = feeds["x"] + length * feeds["y"]
+        for s in (ours, theirs):
+            np.testing.assert_allclose(s.run(None, feeds)[0], want)
+
+        def blockwise(sess):
+            def call():
+                for _ in range(block):
+                    sess.run(None, feeds)
+            return call
+
+        rows += interleaved(name, {"opbridge::Foo chain (ONNX Runtime)": blockwise(ours),
+                                   "ai.onnx Add chain (ONNX Runtime's kernel)": blockwise(theirs)},
+                            rounds=5 if quick else 25)
+        foo, add = rows[-2], rows[-1]
+        per_node = (foo.median_ms - add.median_ms) / block / length * 1e3
+        inverse = statistics.median(1 / r for r in add.round_ratios)
+        add.note = (f"the Foo chain takes {inverse:.2f}x this chain's time (median per round); "
+                    f"{per_node * 1e3:.0f} ns more per node")
+    return rows
