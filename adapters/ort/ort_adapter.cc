@@ -297,12 +297,7 @@ void compute(const Kernel& k, OrtKernelContext* ctx) {
     if (!v) continue;  // an optional input given as ""
     TensorView& view = b.views[i];
     ONNXTensorElementDataType et;
-    if (g_api_version >= kShapeReferenceApiVersion) {  // the value's own shape, nothing allocated
-      const int64_t* dims = nullptr;
-      size_t rank = 0;
-      check(g_api->GetTensorElementTypeAndShapeDataReference(v, &et, &dims, &rank));
-      view.shape.assign(dims, dims + rank);
-    } else {
+    if (g_api_version < kShapeReferenceApiVersion) {  // an info object, allocated per call
       OrtTensorTypeAndShapeInfo* info = nullptr;
       check(g_api->GetTensorTypeAndShape(v, &info));
       std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> guard(info, g_api->ReleaseTensorTypeAndShapeInfo);
@@ -311,6 +306,11 @@ void compute(const Kernel& k, OrtKernelContext* ctx) {
       check(g_api->GetDimensionsCount(info, &rank));
       view.shape.resize(rank);
       check(g_api->GetDimensions(info, view.shape.data(), rank));
+    } else {  // the value's own shape, nothing allocated
+      const int64_t* dims = nullptr;
+      size_t rank = 0;
+      check(g_api->GetTensorElementTypeAndShapeDataReference(v, &et, &dims, &rank));
+      view.shape.assign(dims, dims + rank);
     }
     check(g_api->GetTensorMutableData(const_cast<OrtValue*>(v), &view.data));
     view.dtype = from_onnx(et, op.inputs[i].name);

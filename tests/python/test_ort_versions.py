@@ -299,7 +299,8 @@ ADAPTER = ROOT / "adapters" / "ort" / "ort_adapter.cc"
 FLOOR = 17
 # Entries newer than the floor: name -> (the adapter's constant for its version, the version); the
 # adapter calls each only when the negotiated version reaches it.
-GUARDED = {"KernelInfoGetAttributeArray_string": ("kStringListApiVersion", 25)}
+GUARDED = {"KernelInfoGetAttributeArray_string": ("kStringListApiVersion", 25),
+           "GetTensorElementTypeAndShapeDataReference": ("kShapeReferenceApiVersion", 24)}
 
 
 def _api_entries_since(header: str) -> dict[str, int]:
