@@ -24,9 +24,13 @@ namespace {
 
 using namespace deform_conv2d_impl;  // NOLINT: this op's own internals
 
-// Slices per batch of images: at most this many (enough to keep a large machine's threads busy),
-// and accumulators of at most kAccumulatorBytes for all slices together (at least one slice).
+// Slices per batch of images: at most kMaxSlices (enough to keep a large machine's threads busy),
+// at most max(kFewSlices, images in the batch) — every slice zeroes and adds up its own copy of
+// the input gradient of each image it touches, which for one large image and 32 slices took
+// two-thirds of the time (measured: N = 1, 64 channels, 64x64: 27.8 ms with 32 slices, 9.2 ms with
+// 8, 9.7 ms with 4) — and accumulators of at most kAccumulatorBytes in all (at least one slice).
 constexpr int64_t kMaxSlices = 32;
+constexpr int64_t kFewSlices = 8;
 constexpr int64_t kAccumulatorBytes = int64_t{256} << 20;
 
 struct Gradients {
@@ -78,8 +82,8 @@ void backward_typed(KernelContext& ctx, const Geometry& g, const Gradients& io) 
   int64_t batch = std::min(g.n, ceil_div(kMaxSlices, n_tiles));
   batch = std::max<int64_t>(1, std::min(batch, kImageCopyBytes / std::max<int64_t>(1, image * int64_t(sizeof(T)))));
   const int64_t slice_bytes = (weights + batch * image) * int64_t(sizeof(T));
-  const int64_t slices = std::max<int64_t>(
-      1, std::min({kMaxSlices, batch * n_tiles, kAccumulatorBytes / std::max<int64_t>(1, slice_bytes)}));
+  const int64_t slices = std::max<int64_t>(1, std::min({kMaxSlices, std::max(kFewSlices, batch), batch * n_tiles,
+                                                        kAccumulatorBytes / std::max<int64_t>(1, slice_bytes)}));
 
   T* nhwc = static_cast<T*>(ctx.scratch(static_cast<size_t>(batch * image) * sizeof(T)));
   T* grad_images = static_cast<T*>(ctx.scratch(static_cast<size_t>(slices * batch * image) * sizeof(T)));
