@@ -70,6 +70,43 @@ def op_test_suite(case: OpCase) -> type:
             torch.library.opcheck(info().overload, sample.inputs, sample.attrs)
 
         @pytest.mark.parametrize("sample", samples, ids=ids)
+        def test_opcheck_autograd(self, sample):
+            # opcheck with the differentiable inputs requiring grad: its autograd checks (the
+            # registration, and AOT autograd tracing forward and backward with symbolic shapes)
+            # run only then.
+            if not info().backward:
+                pytest.skip(f"{info().qualified_name} declares no gradient")
+            bwd = info().library.op(info().backward)
+            differentiable = {o.name[len("grad_"):] for o in bwd.outputs}
+            inputs = [t.detach().clone().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                      and spec.name in differentiable else t for t, spec in zip(sample.inputs, info().inputs)]
+            inputs += list(sample.inputs[len(inputs):])
+            if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+                pytest.skip("no floating-point input to differentiate")
+            outs = as_list(info().overload(*sample.inputs, **sample.attrs))
+            # opcheck's AOT check sums every output into one accumulator that starts as the
+            # first: an integer first output (knn_query's idx) cannot take a float one. Such ops
+            # get the same check here: compiled with AOT autograd and dynamic shapes, the
+            # gradients of their floating outputs equal eager's.
+            aot_by_hand = not outs[0].is_floating_point() and any(o.is_floating_point() for o in outs)
+            utils = [u for u in torch.library._OPCHECK_DEFAULT_UTILS
+                     if not (aot_by_hand and u == "test_aot_dispatch_dynamic")]
+            torch.library.opcheck(info().overload, tuple(inputs), sample.attrs, test_utils=utils)
+            if aot_by_hand:
+                def loss(*ts):
+                    return sum(o.sum() for o in as_list(info().overload(*ts, **sample.attrs)) if o.is_floating_point())
+
+                diff = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+                want = torch.autograd.grad(loss(*inputs), diff, allow_unused=True)
+                torch._dynamo.reset()  # every sample compiles the same code object afresh
+                compiled = torch.compile(loss, backend="aot_eager", dynamic=True, fullgraph=True)
+                got = torch.autograd.grad(compiled(*inputs), diff, allow_unused=True)
+                for g, w in zip(got, want):
+                    assert (g is None) == (w is None)
+                    if w is not None:
+                        torch.testing.assert_close(g, w)
+
+        @pytest.mark.parametrize("sample", samples, ids=ids)
         def test_gradcheck(self, sample):
             # The backward op against finite differences of the forward, in float64; opcheck
             # (above) checks the autograd registration itself.
