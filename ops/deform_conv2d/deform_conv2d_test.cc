@@ -6,6 +6,7 @@
 
 #include "deform_conv2d_variants.h"
 #include <gtest/gtest.h>
+#include <opbridge/cpu.h>
 #include <opbridge/testing/kernel_harness.h>
 
 namespace opbridge::testing {

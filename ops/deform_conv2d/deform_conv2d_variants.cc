@@ -2,22 +2,13 @@
 // deform_conv2d_variants.h declares.
 #include "deform_conv2d_variants.h"
 
+#include <opbridge/cpu.h>
+
 #include "deform_conv2d_variant_impl.h"  // builds the baseline variant here
 
 namespace opbridge::deform_conv2d_impl {
 
 Variant baseline_variant() { return this_variant("baseline"); }
-
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-bool cpu_has_avx512() {
-  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
-}
-#else
-bool cpu_has_avx2() { return false; }
-bool cpu_has_avx512() { return false; }
-#endif
 
 const Variant& best_variant() {
   static const Variant chosen = [] {

@@ -66,11 +66,10 @@ struct Variant {
 
 Variant baseline_variant();
 // Each compiled for its own instruction set: call only on a CPU that has it (cpu_has_avx2() /
-// cpu_has_avx512()). An empty Variant when this build has none (not x86-64, or not GCC/Clang).
+// cpu_has_avx512() of <opbridge/cpu.h>). An empty Variant when this build has none (not x86-64,
+// or not GCC/Clang).
 Variant avx2_variant();
 Variant avx512_variant();
-bool cpu_has_avx2();    // AVX2 and FMA
-bool cpu_has_avx512();  // AVX-512 F, DQ, VL, BW (and AVX2, FMA)
 // The fastest variant this build and this CPU can run.
 const Variant& best_variant();
 

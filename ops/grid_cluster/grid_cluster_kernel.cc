@@ -9,11 +9,28 @@
 #include <cstdint>
 #include <limits>
 #include <ostream>
+#include <type_traits>
 #include <vector>
 
+#include <opbridge/cpu.h>
 #include <opbridge/half.h>
 
+#include "grid_cluster_variants.h"
+
 namespace opbridge {
+
+const grid_cluster_impl::Variant& grid_cluster_impl::best_variant() {
+  static const Variant chosen = [] {
+    // The CPU check comes first: the *_variant() functions are themselves compiled for their ISA.
+    if (cpu_has_avx512())
+      if (Variant v = avx512_variant(); v.isa) return v;
+    if (cpu_has_avx2())
+      if (Variant v = avx2_variant(); v.isa) return v;
+    return Variant{};
+  }();
+  return chosen;
+}
+
 namespace {
 
 // float16 / bfloat16 positions: torch_cluster computes on the tensors themselves, so each
@@ -310,10 +327,35 @@ void cluster_all(KernelContext& ctx, const T* pos, int64_t n, const Grid<T>& g, 
     rep[2 * m + k] = std::min(g.bound[j], static_cast<T>(int64_t{1} << 31));
     rep[3 * m + k] = g.bound[j];
   }
-  ctx.parallel_for(n, kRowsPerTask, [&](int64_t b, int64_t e) {
+  auto baseline = [&](int64_t b, int64_t e) {
     cluster_rows<T, D>(pos, b, e, g, rep.data(), rep.data() + m, rep.data() + 2 * m, rep.data() + 3 * m, block_rows,
                        out);
-  });
+  };
+  if constexpr (std::is_same_v<T, float> && (D == 2 || D == 3)) {
+    const grid_cluster_impl::Variant& v = grid_cluster_impl::best_variant();
+    if (const grid_cluster_impl::FastRows fast = D == 2 ? v.rows2 : v.rows3) {
+      grid_cluster_impl::FastGrid fg{};
+      for (int64_t j = 0; j < d; ++j) {
+        fg.start[j] = g.start[j];
+        fg.size[j] = g.size[j];
+        fg.bound[j] = g.bound[j];
+        fg.bound32[j] = rep[2 * m + j];
+        fg.stride[j] = g.stride[j];
+      }
+      ctx.parallel_for(n, kRowsPerTask, [&](int64_t b, int64_t e) {
+        // The vector loop, and the baseline for a block wherever it stops (a row out of its
+        // range, or the last rows), until the range is done.
+        while (b < e) {
+          b = fast(pos, b, e, fg, out);
+          const int64_t stop = std::min(e, b + block_rows);
+          baseline(b, stop);
+          b = stop;
+        }
+      });
+      return;
+    }
+  }
+  ctx.parallel_for(n, kRowsPerTask, baseline);
 }
 
 // pos (n, d), size, start and end (d each; start and end may be null: absent).

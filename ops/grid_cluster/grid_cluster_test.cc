@@ -4,7 +4,10 @@
 #include <limits>
 
 #include <gtest/gtest.h>
+#include <opbridge/cpu.h>
 #include <opbridge/testing/kernel_harness.h>
+
+#include "grid_cluster_variants.h"
 
 namespace opbridge::testing {
 namespace {
@@ -140,6 +143,81 @@ TEST(GridClusterKernel, LargeIndicesStayExact) {
   Tensor corner = Tensor::of<double>({2, 2}, {side, side, 0.0, 0.0});
   auto c = run("grid_cluster", {corner, Tensor::of<double>({2}, {1.0, 1.0})})[0].values<int64_t>();
   EXPECT_EQ(c, (std::vector<int64_t>{2147483647 + 2147483647 * (int64_t{1} << 31), 0}));
+}
+
+// Every vector loop this build has and this CPU runs, called directly: rows it writes equal the
+// float32 formula, it takes every row of a range in reach, and it stops at (not past) the first
+// group holding a quotient it cannot take.
+std::vector<grid_cluster_impl::Variant> runnable_variants() {
+  std::vector<grid_cluster_impl::Variant> v;
+  if (cpu_has_avx2() && grid_cluster_impl::avx2_variant().isa) v.push_back(grid_cluster_impl::avx2_variant());
+  if (cpu_has_avx512() && grid_cluster_impl::avx512_variant().isa) v.push_back(grid_cluster_impl::avx512_variant());
+  return v;
+}
+
+int64_t formula_row(const float* p, int64_t d, const grid_cluster_impl::FastGrid& g) {
+  int64_t sum = 0;
+  for (int64_t j = 0; j < d; ++j) sum += static_cast<int64_t>((p[j] - g.start[j]) / g.size[j]) * g.stride[j];
+  return sum;
+}
+
+TEST(GridClusterVariants, EqualTheFormulaAndStopWhereTheyMust) {
+  if (runnable_variants().empty()) GTEST_SKIP() << "no vector variant on this CPU or in this build";
+  for (const auto& v : runnable_variants()) {
+    for (int64_t d : {2, 3}) {
+      const grid_cluster_impl::FastRows rows = d == 2 ? v.rows2 : v.rows3;
+      grid_cluster_impl::FastGrid g{};
+      const float size[3] = {0.37f, 0.5f, 0.11f}, start[3] = {-1.f, 0.25f, -2.f};
+      int64_t stride = 1;
+      for (int64_t j = 0; j < d; ++j) {
+        g.start[j] = start[j];
+        g.size[j] = size[j];
+        g.bound[j] = 1099511627776.f;  // 2^40
+        g.bound32[j] = 2147483648.f;
+        g.stride[j] = stride;
+        stride *= 1000;
+      }
+      const int64_t n = 16 * 40;
+      // Negative quotients too (positions below start): truncation toward zero.
+      std::vector<float> pos = random_values<float>(n * d, 7, -5.0, 40.0);
+      std::vector<int64_t> out(static_cast<size_t>(n), -7);
+      SCOPED_TRACE(std::string(v.isa) + " d=" + std::to_string(d));
+      ASSERT_EQ(rows(pos.data(), 0, n, g, out.data()), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], formula_row(&pos[i * d], d, g)) << "row " << i;
+      // Fewer rows than a group are left to the caller; a range may start anywhere.
+      EXPECT_EQ(rows(pos.data(), 0, 7, g, out.data()), 0);
+      const int64_t stop = rows(pos.data(), 5, n - 3, g, out.data());
+      EXPECT_GT(stop, n - 3 - 16);
+      EXPECT_LE(stop, n - 3);
+      // A NaN, an infinity, a quotient past the bound: the loop stops at that row's group.
+      for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(), -3e12f, 3e9f}) {
+        std::vector<float> p = pos;
+        p[(200 + 1) * d - 1] = bad;  // row 200, last coordinate
+        std::fill(out.begin(), out.end(), -7);
+        const int64_t r = rows(p.data(), 0, n, g, out.data());
+        const bool int32_only = std::string(v.isa) == "avx2";
+        if (bad == 3e9f && !int32_only) {  // within 2^40: AVX-512 converts to int64 directly
+          ASSERT_EQ(r, n);
+          EXPECT_EQ(out[200], formula_row(&p[200 * d], d, g));
+          continue;
+        }
+        EXPECT_LE(r, 200) << bad;
+        EXPECT_GT(r, 200 - 16) << bad;
+        for (int64_t i = 0; i < r; ++i) ASSERT_EQ(out[i], formula_row(&p[i * d], d, g));
+        for (int64_t i = r; i < n; ++i) ASSERT_EQ(out[i], -7) << "row " << i << " written past the stop";
+      }
+      // A stride of 2^31 or more: AVX2's 32-bit products cannot take it, AVX-512's can.
+      g.stride[d - 1] = int64_t{1} << 33;
+      g.bound[d - 1] = 1024.f;
+      const int64_t r = rows(pos.data(), 0, n, g, out.data());
+      if (std::string(v.isa) == "avx2") {
+        EXPECT_EQ(r, 0);
+      } else {
+        ASSERT_EQ(r, n);
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], formula_row(&pos[i * d], d, g));
+      }
+    }
+  }
 }
 
 TEST(GridClusterKernel, EmptyAndZeroDimensions) {
