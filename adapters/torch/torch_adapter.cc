@@ -4,6 +4,7 @@
 //   Meta     the spec's shape rule evaluated on SymInts (so torch.export sees symbolic shapes)
 //   Autograd "not implemented" fallback: forward works, backward raises naming the op
 // Errors from validation or kernels become RuntimeError("<ns>::<op>: <reason>").
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
@@ -18,6 +19,7 @@
 #include "opbridge/prepare.h"
 #include "opbridge/registry.h"
 #include "opbridge/shape_infer.h"
+#include "output_cache.h"
 
 namespace opbridge {
 
@@ -167,13 +169,19 @@ AttrValue to_attr(const AttrSpec& a, const c10::IValue& v) {
   return int64_t{0};
 }
 
-// PyTorch as a kernel's host: outputs are fresh tensors, parallel work runs on at::parallel_for.
+// PyTorch as a kernel's host: outputs are new tensors, parallel work runs on at::parallel_for.
 class TorchHost final : public KernelHost {
  public:
   explicit TorchHost(const OpSpec& op) : tensors(op.outputs.size()), op_(op) {}
   void* output_memory(size_t i, DType dtype, const Shape& shape) override {
     try {
-      tensors.at(i) = at::empty(shape, at::TensorOptions().dtype(to_scalar_type(dtype)));
+      // Large outputs reuse blocks of earlier outputs (output_cache.h): no fresh pages per call.
+      size_t nbytes = dtype_size(dtype);
+      for (int64_t d : shape)  // an impossible size goes to PyTorch's allocator, which reports it
+        if (d < 0 || __builtin_mul_overflow(nbytes, static_cast<size_t>(d), &nbytes)) nbytes = 0;
+      tensors.at(i) = at::Tensor(at::detail::empty_generic(shape, output_allocator(nbytes),
+                                                           c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                           to_scalar_type(dtype), std::nullopt));
     } catch (const c10::Error& e) {  // the allocator's message, in the op's words
       std::string why = e.what_without_backtrace();
       throw Error(detail::concat("cannot allocate output '", op_.outputs.at(i).name, "' of shape ", shape_str(shape),

@@ -1,0 +1,19 @@
+// Memory for large op outputs in PyTorch eager, kept for reuse when their tensors die.
+//
+// A fresh multi-megabyte CPU tensor is new address space: the kernel faults in and zeroes every
+// page of it on first write (an 80 MB output costs ~30 ms in page faults, several times a
+// memory-speed kernel's own time), on every call. ONNX Runtime reuses its arena between runs;
+// this cache does the same for eager: a block freed by its tensor is kept and handed to the next
+// output of a size it fits. Small outputs (below 1 MiB) go to PyTorch's allocator, whose malloc
+// reuses them anyway. What is kept is bounded: OPBRIDGE_OUTPUT_CACHE_MB (default 1024; 0 turns
+// the cache off) caps the bytes held by blocks no tensor uses.
+#pragma once
+
+#include <c10/core/Allocator.h>
+
+namespace opbridge {
+
+// The allocator for op outputs: c10's CPU allocator for small sizes or with the cache off.
+c10::Allocator* output_allocator(size_t nbytes);
+
+}  // namespace opbridge
