@@ -85,7 +85,7 @@ def op_test_suite(case: OpCase) -> type:
                 pytest.skip("no floating-point input to differentiate")
             outs = as_list(info().overload(*sample.inputs, **sample.attrs))
             # opcheck's AOT check sums every output into one accumulator that starts as the
-            # first: an integer first output (knn_query's idx) cannot take a float one. Such ops
+            # first: an integer first output (e.g. neighbour indices) cannot take a float one. Such ops
             # get the same check here: compiled with AOT autograd and dynamic shapes, the
             # gradients of their floating outputs equal eager's.
             aot_by_hand = not outs[0].is_floating_point() and any(o.is_floating_point() for o in outs)
