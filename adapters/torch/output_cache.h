@@ -1,12 +1,12 @@
 // Memory for large op outputs in PyTorch eager, kept for reuse when their tensors die.
 //
-// A fresh multi-megabyte CPU tensor is new address space: the kernel faults in and zeroes every
-// page of it on first write (an 80 MB output costs ~30 ms in page faults, several times a
-// memory-speed kernel's own time), on every call. ONNX Runtime reuses its arena between runs;
-// this cache does the same for eager: a block freed by its tensor is kept and handed to the next
-// output of a size it fits. Small outputs (below 1 MiB) go to PyTorch's allocator, whose malloc
-// reuses them anyway. What is kept is bounded: OPBRIDGE_OUTPUT_CACHE_MB (default 1024; 0 turns
-// the cache off) caps the bytes held by blocks no tensor uses.
+// A fresh multi-megabyte CPU tensor is new address space that the OS faults in and zeroes page by
+// page on the kernel's first write (an 80 MB output: ~30 ms, several times a memory-speed
+// kernel's own time), on every call. ONNX Runtime reuses its arena between runs; this does the
+// same for eager with a BlockCache (<opbridge/block_cache.h>): a block freed by its tensor is kept
+// and handed to the next output it fits. Small outputs (below 1 MiB) go to PyTorch's allocator,
+// whose malloc reuses them anyway. OPBRIDGE_OUTPUT_CACHE_MB (default 1024; 0 turns the cache off)
+// caps the bytes held by blocks no tensor uses, per op library.
 #pragma once
 
 #include <c10/core/Allocator.h>

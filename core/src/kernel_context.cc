@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "opbridge/block_cache.h"
 #include "opbridge/error.h"
 #include "opbridge/kernel_call.h"
 
@@ -59,11 +60,22 @@ void KernelContext::check_outputs_allocated() const {
 }
 
 void* KernelContext::scratch(size_t bytes) {
-  // Not zero-filled (make_unique would be): kernels write their scratch before reading it.
-  std::unique_ptr<std::byte[]> buf(new std::byte[bytes]);
+  // Not zero-filled: kernels write their scratch before reading it. Large blocks come back from
+  // the scratch cache on later calls instead of as fresh pages.
+  size_t size = 0;
+  void* block = scratch_cache().take(bytes, size);
   std::lock_guard<std::mutex> lock(scratch_mu_);
-  scratch_.push_back(std::move(buf));
-  return scratch_.back().get();
+  try {
+    scratch_.push_back({block, size});
+  } catch (...) {
+    scratch_cache().give(block, size);
+    throw;
+  }
+  return block;
+}
+
+KernelContext::~KernelContext() {
+  for (const ScratchBlock& s : scratch_) scratch_cache().give(s.block, s.size);
 }
 
 }  // namespace opbridge

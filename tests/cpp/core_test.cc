@@ -7,6 +7,7 @@
 #include <random>
 
 #include <opbridge/testing/kernel_harness.h>
+#include "opbridge/block_cache.h"
 #include "opbridge/op.h"
 #include "opbridge/shape_infer.h"
 
@@ -116,6 +117,56 @@ TEST(Types, ResolveAndReject) {
   EXPECT_EQ(resolve_types(op, {DType::Float64, DType::Float64})[0], DType::Float64);
   EXPECT_NE(error_of([&] { resolve_types(op, {DType::Int64, DType::Int64}); }).find("input 'a' has dtype int64; expected float32, float64, float16 or bfloat16"), std::string::npos);
   EXPECT_NE(error_of([&] { resolve_types(op, {DType::Float32, DType::Float64}); }).find("must have the same dtype"), std::string::npos);
+}
+
+// Large blocks come back to the next request they fit (at most twice its size); the oldest go
+// when the cap is exceeded; a block larger than the cap is never kept.
+TEST(BlockCache, ReusesFittingBlocksWithinTheCap) {
+  constexpr size_t MiB = size_t{1} << 20;
+  BlockCache cache(5 * MiB);
+  size_t size = 0;
+  void* a = cache.take(2 * MiB, size);
+  ASSERT_EQ(size, 2 * MiB);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+  cache.give(a, size);
+  size_t again = 0;
+  EXPECT_EQ(cache.take(3 * MiB / 2, again), a);  // fits, not more than twice the request
+  EXPECT_EQ(again, 2 * MiB);
+  cache.give(a, again);
+  void* small = cache.take(MiB / 2 + 1, size);  // a kept 2 MiB block is over twice this size
+  EXPECT_NE(small, a);
+  cache.give(small, size);
+  void* big = cache.take(4 * MiB, size);
+  EXPECT_NE(big, a);
+  cache.give(big, size);  // 2 + 4 MiB > the cap: a, the oldest, is dropped
+  EXPECT_EQ(cache.take(4 * MiB, size), big);
+  size_t a_size = 0;
+  void* fresh = cache.take(2 * MiB, a_size);
+  EXPECT_EQ(a_size, 2 * MiB);
+  cache.give(fresh, a_size);
+  cache.give(big, size);
+  void* huge = cache.take(6 * MiB, size);  // above the cap: freed when given back
+  cache.give(huge, size);
+  EXPECT_EQ(cache.take(4 * MiB, size), big);  // still kept
+  cache.give(big, size);
+}
+
+// Kernel scratch comes from the process's scratch cache: a second call gets the first's block.
+TEST(BlockCache, KernelScratchIsReusedAcrossCalls) {
+  auto scratch_of_a_call = [] {
+    std::vector<const TensorView*> inputs;
+    std::vector<TensorView> outputs;
+    std::vector<AttrValue> attrs;
+    struct NoHost final : KernelHost {
+      void* output_memory(size_t, DType, const Shape&) override { return nullptr; }
+      void parallel_for(int64_t n, int64_t, ParallelBody body) override { body(0, n); }
+    } host;
+    OpSpec spec;
+    KernelContext ctx(spec, inputs, outputs, attrs, host);
+    return ctx.scratch(3 << 20);
+  };
+  void* first = scratch_of_a_call();
+  EXPECT_EQ(scratch_of_a_call(), first);
 }
 
 TEST(Strides, RowMajorAndSaturatingForEmptyTensorsWithHugeDims) {

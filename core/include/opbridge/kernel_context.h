@@ -49,6 +49,7 @@ class KernelContext {
   KernelContext(const OpSpec& op, const std::vector<const TensorView*>& inputs, std::vector<TensorView>& outputs,
                 const std::vector<AttrValue>& attrs, KernelHost& host)
       : op_(op), inputs_(inputs), outputs_(outputs), attrs_(attrs), host_(host) {}
+  ~KernelContext();
   KernelContext(const KernelContext&) = delete;
   KernelContext& operator=(const KernelContext&) = delete;
 
@@ -77,7 +78,8 @@ class KernelContext {
 
   // Runs fn(begin, end) over [0, n) in chunks of at least `grain` on the host's thread pool.
   void parallel_for(int64_t n, int64_t grain, ParallelBody body) { host_.parallel_for(n, grain, body); }
-  // Scratch memory that lives until the kernel returns. Safe to call inside parallel_for.
+  // Scratch memory (64-byte aligned, not zeroed) that lives until the kernel returns. Safe to
+  // call inside parallel_for. Large blocks are reused across calls (<opbridge/block_cache.h>).
   void* scratch(size_t bytes);
 
  private:
@@ -90,7 +92,11 @@ class KernelContext {
   const std::vector<AttrValue>& attrs_;
   KernelHost& host_;
   std::mutex scratch_mu_;
-  std::vector<std::unique_ptr<std::byte[]>> scratch_;
+  struct ScratchBlock {
+    void* block;
+    size_t size;
+  };
+  std::vector<ScratchBlock> scratch_;  // handed back to scratch_cache() when the call ends
 };
 
 }  // namespace opbridge
