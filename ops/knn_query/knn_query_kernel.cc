@@ -399,9 +399,45 @@ struct Query {
     if (far_first && worth(lb, t.min_idx[near])) visit(near, near_lo, near_hi, o, lb);
   }
 
+  // visit(0, ...) without its recursion along the path it takes first: every cell on the way
+  // from the root to the leaf q falls in has bound 0 (q is inside), and while the k best are
+  // still padding every cell is worth visiting, so the descent is a plain loop. It stops early at
+  // a node where visit() would take the far child first (q on the plane, equal bounds); from
+  // there visit() runs as usual. The far children on the path are then tried deepest first, as
+  // the recursion would on its way back. Same cells, same order, same result.
   void run() {
     T o[3] = {T(0), T(0), T(0)};
-    visit(0, 0, t.count, o, T(0));
+    struct Far {
+      int64_t node, lo, hi;
+      T plane;
+      int dim;
+    };
+    Far path[64];  // a tree's depth is below 32 (n < 2^31, leaves of at least 16 points)
+    int depth = 0;
+    int64_t node = 0, lo = 0, hi = t.count;
+    while (node < t.first_leaf) {
+      const int d = t.split_dim[node];
+      const T diff = q[d] - t.split[node];
+      const int64_t mid = lo + (hi - lo) / 2;
+      const bool left_near = diff < 0;
+      const int64_t near = 2 * node + (left_near ? 1 : 2), far = 2 * node + (left_near ? 2 : 1);
+      o[d] = std::abs(diff);
+      const T far_lb = bound(o);
+      o[d] = T(0);
+      if (far_lb == T(0) && t.min_idx[far] < t.min_idx[near]) break;
+      path[depth++] = Far{far, left_near ? mid : lo, left_near ? hi : mid, std::abs(diff), d};
+      lo = left_near ? lo : mid;
+      hi = left_near ? mid : hi;
+      node = near;
+    }
+    visit(node, lo, hi, o, T(0));
+    while (depth > 0) {
+      const Far& f = path[--depth];
+      o[f.dim] = f.plane;
+      const T far_lb = bound(o);
+      if (worth(far_lb, t.min_idx[f.node])) visit(f.node, f.lo, f.hi, o, far_lb);
+      o[f.dim] = T(0);
+    }
   }
 };
 
