@@ -11,14 +11,7 @@ namespace opbridge::deform_conv2d_impl {
 Variant baseline_variant() { return this_variant("baseline"); }
 
 const Variant& best_variant() {
-  static const Variant chosen = [] {
-    // The CPU check comes first: the *_variant() functions are themselves compiled for their ISA.
-    if (cpu_has_avx512())
-      if (Variant v = avx512_variant(); v.isa) return v;
-    if (cpu_has_avx2())
-      if (Variant v = avx2_variant(); v.isa) return v;
-    return baseline_variant();
-  }();
+  static const Variant chosen = widest_variant(avx512_variant, avx2_variant, baseline_variant());
   return chosen;
 }
 

@@ -20,14 +20,7 @@
 namespace opbridge {
 
 const grid_cluster_impl::Variant& grid_cluster_impl::best_variant() {
-  static const Variant chosen = [] {
-    // The CPU check comes first: the *_variant() functions are themselves compiled for their ISA.
-    if (cpu_has_avx512())
-      if (Variant v = avx512_variant(); v.isa) return v;
-    if (cpu_has_avx2())
-      if (Variant v = avx2_variant(); v.isa) return v;
-    return Variant{};
-  }();
+  static const Variant chosen = widest_variant(avx512_variant, avx2_variant, Variant{});
   return chosen;
 }
 
@@ -339,7 +332,7 @@ void cluster_all(KernelContext& ctx, const T* pos, int64_t n, const Grid<T>& g, 
         fg.start[j] = g.start[j];
         fg.size[j] = g.size[j];
         fg.bound[j] = g.bound[j];
-        fg.bound32[j] = rep[2 * m + j];
+        fg.bound32[j] = std::min(g.bound[j], static_cast<T>(int64_t{1} << 31));  // as rep above
         fg.stride[j] = g.stride[j];
       }
       ctx.parallel_for(n, kRowsPerTask, [&](int64_t b, int64_t e) {

@@ -412,7 +412,7 @@ struct Query {
       T plane;
       int dim;
     };
-    Far path[64];  // a tree's depth is below 32 (n < 2^31, leaves of at least 16 points)
+    Far path[32];  // a tree's depth is below 32 (n < 2^31, leaves of at least 16 points)
     int depth = 0;
     int64_t node = 0, lo = 0, hi = t.count;
     while (node < t.first_leaf) {
@@ -421,11 +421,12 @@ struct Query {
       const int64_t mid = lo + (hi - lo) / 2;
       const bool left_near = diff < 0;
       const int64_t near = 2 * node + (left_near ? 1 : 2), far = 2 * node + (left_near ? 2 : 1);
-      o[d] = std::abs(diff);
+      const T plane = std::abs(diff);
+      o[d] = plane;
       const T far_lb = bound(o);
       o[d] = T(0);
       if (far_lb == T(0) && t.min_idx[far] < t.min_idx[near]) break;
-      path[depth++] = Far{far, left_near ? mid : lo, left_near ? hi : mid, std::abs(diff), d};
+      path[depth++] = Far{far, left_near ? mid : lo, left_near ? hi : mid, plane, d};
       lo = left_near ? lo : mid;
       hi = left_near ? mid : hi;
       node = near;
