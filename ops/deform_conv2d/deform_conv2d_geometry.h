@@ -94,23 +94,6 @@ inline Geometry geometry(const KernelContext& ctx, const TensorView& input, cons
   return g;
 }
 
-template <typename T>
-inline Corner<T> corner(T y, T x, int64_t h, int64_t w, int64_t padded_w) {
-  if (y > -1 && y < static_cast<T>(h) && x > -1 && x < static_cast<T>(w)) {
-    // floor() by truncation (y, x > -1 here): a libm call on the baseline ISA otherwise.
-    int64_t y0 = static_cast<int64_t>(y), x0 = static_cast<int64_t>(x);
-    y0 -= static_cast<T>(y0) > y;
-    x0 -= static_cast<T>(x0) > x;
-    const T ly = y - static_cast<T>(y0), lx = x - static_cast<T>(x0), hy = 1 - ly, hx = 1 - lx;
-    const int64_t pixel = (y0 + 1) * padded_w + x0 + 1;
-    return {pixel, {hy * hx, hy * lx, ly * hx, ly * lx}};
-  }
-  // Outside the image the sample is 0: zero weights on the zero border. A NaN position gives NaN
-  // weights, so a NaN offset shows in the output instead of being read as "outside".
-  const T z = (std::isnan(y) || std::isnan(x)) ? std::numeric_limits<T>::quiet_NaN() : T(0);
-  return {0, {z, z, z, z}};
-}
-
 // The hot loops of the best variant this CPU runs, for T.
 template <typename T>
 inline const deform_conv2d_impl::Kernels<T>& hot_loops() {
@@ -152,9 +135,11 @@ inline int64_t tile_pixels(const Geometry& g, bool masked, int64_t column_blocks
 template <typename T>
 struct Buffers {
   Buffers(const Geometry& g, int64_t tile, bool masked, int64_t column_blocks = 1)
-      : corners(new Corner<T>[static_cast<size_t>(g.offset_groups * g.kk * tile)]),
+      : at(new T[static_cast<size_t>(2 * g.kk * tile)]),
+        corners(new Corner<T>[static_cast<size_t>(g.offset_groups * g.kk * tile)]),
         mask(masked ? new T[static_cast<size_t>(g.offset_groups * g.kk * tile)] : nullptr),
         columns(new T[static_cast<size_t>(std::max<int64_t>(1, column_blocks * g.kg * tile))]) {}
+  std::unique_ptr<T[]> at;               // [kernel position][y, x][pixel of the tile]: sampling points before the offsets
   std::unique_ptr<Corner<T>[]> corners;  // [offset group][kernel position][pixel of the tile]
   std::unique_ptr<T[]> mask;             // same layout; empty without a mask
   std::unique_ptr<T[]> columns;          // column_blocks × [pixel of the tile][kernel position][channel of the group]
@@ -164,6 +149,7 @@ struct Buffers {
 template <typename T>
 inline void copy_channels_last(KernelContext& ctx, const T* input, int64_t n0, int64_t nb, const Geometry& g, T* nhwc) {
   const int64_t c_in = g.c_in, padded_h = g.h + 2, padded_w = g.w + 2, row = padded_w * c_in;
+  const Kernels<T>& run = hot_loops<T>();
   ctx.parallel_for(nb * padded_h, std::max<int64_t>(1, (16 << 10) / std::max<int64_t>(1, row)),
                    [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
@@ -175,40 +161,41 @@ inline void copy_channels_last(KernelContext& ctx, const T* input, int64_t n0, i
       }
       std::fill(dst, dst + c_in, T(0));
       std::fill(dst + row - c_in, dst + row, T(0));
-      const T* src = input + ((n0 + r / padded_h) * c_in * g.h + (yp - 1)) * g.w;
-      for (int64_t c = 0; c < c_in; ++c) {
-        const T* s = src + c * g.h * g.w;
-        T* d = dst + c_in + c;
-        for (int64_t x = 0; x < g.w; ++x) d[x * c_in] = s[x];
-      }
+      run.channels_last(input + ((n0 + r / padded_h) * c_in * g.h + (yp - 1)) * g.w, g.h * g.w, c_in, g.w, dst + c_in);
     }
   });
 }
 
 // Bilinear corners (and mask values) for every offset group and kernel position of output
-// pixels [p0, p0 + len) of image n.
+// pixels [p0, p0 + len) of image n. The sampling points before the offsets are the same for every
+// offset group: computed once per tile.
 template <typename T>
 inline void sample_tile(const Geometry& g, const T* offset, const T* mask, int64_t n, int64_t p0, int64_t len, int64_t tile,
                  Buffers<T>& buf) {
   const int64_t kk = g.kk, pixels = g.pixels, padded_w = g.w + 2;
-  for (int64_t og = 0; og < g.offset_groups; ++og)
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) {
-        const int64_t k = i * g.kw + j, slot = (og * kk + k) * tile;
-        const T* dy = offset + ((n * g.offset_groups + og) * kk + k) * 2 * pixels + p0;
-        const T* dx = dy + pixels;
-        int64_t ho = p0 / g.w_out, wo = p0 % g.w_out;
-        for (int64_t q = 0; q < len; ++q) {
-          const T y = static_cast<T>(ho * g.stride_h - g.pad_h + i * g.dil_h) + dy[q];
-          const T x = static_cast<T>(wo * g.stride_w - g.pad_w + j * g.dil_w) + dx[q];
-          buf.corners[slot + q] = corner(y, x, g.h, g.w, padded_w);
-          if (++wo == g.w_out) wo = 0, ++ho;
-        }
-        if (mask) {
-          const T* m = mask + ((n * g.offset_groups + og) * kk + k) * pixels + p0;
-          std::copy(m, m + len, buf.mask.get() + slot);
-        }
+  for (int64_t i = 0; i < g.kh; ++i)
+    for (int64_t j = 0; j < g.kw; ++j) {
+      T* at_y = buf.at.get() + 2 * (i * g.kw + j) * tile;
+      T* at_x = at_y + tile;
+      int64_t ho = p0 / g.w_out, wo = p0 % g.w_out;
+      for (int64_t q = 0; q < len; ++q) {
+        at_y[q] = static_cast<T>(ho * g.stride_h - g.pad_h + i * g.dil_h);
+        at_x[q] = static_cast<T>(wo * g.stride_w - g.pad_w + j * g.dil_w);
+        if (++wo == g.w_out) wo = 0, ++ho;
       }
+    }
+  const Kernels<T>& run = hot_loops<T>();
+  for (int64_t og = 0; og < g.offset_groups; ++og)
+    for (int64_t k = 0; k < kk; ++k) {
+      const int64_t slot = (og * kk + k) * tile;
+      const T* dy = offset + ((n * g.offset_groups + og) * kk + k) * 2 * pixels + p0;
+      const T* at_y = buf.at.get() + 2 * k * tile;
+      run.corners({at_y, at_y + tile, dy, dy + pixels, len, g.h, g.w, padded_w, buf.corners.get() + slot});
+      if (mask) {
+        const T* m = mask + ((n * g.offset_groups + og) * kk + k) * pixels + p0;
+        std::copy(m, m + len, buf.mask.get() + slot);
+      }
+    }
 }
 
 }  // namespace opbridge::deform_conv2d_impl

@@ -333,13 +333,19 @@ std::vector<deform_conv2d_impl::Variant> runnable_variants() {
 
 template <typename T>
 void check_gemm(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) {
-  for (auto [m, k, n] : {std::array<int64_t, 3>{1, 1, 1}, {7, 13, 5}, {64, 576, 113}, {33, 0, 9}}) {
+  // Shapes that take every panel width and micro-tile tail of the wide variants: output channels
+  // in one partial vector, several vectors, more than one panel; fewer pixels than a micro-tile,
+  // a multiple of it, one past it.
+  for (auto [m, k, n] : {std::array<int64_t, 3>{1, 1, 1}, {7, 13, 5}, {64, 576, 113}, {33, 0, 9}, {40, 9, 30},
+                         {100, 17, 7}, {17, 5, 25}, {128, 3, 24}, {9, 2, 13}}) {
     Tensor a = Tensor::random<T>({m, k}, 1), b = Tensor::random<T>({n, k}, 2), bias = Tensor::random<T>({m}, 3);
     const int64_t ldo = n + 3;
+    std::vector<T> packed(static_cast<size_t>(kernels.weight_size(m, k)));
+    kernels.pack_weight(a.view.data_as<T>(), m, k, packed.data());
     for (bool with_bias : {false, true}) {
       std::vector<T> out(static_cast<size_t>(m * ldo), T(-7));
-      kernels.gemm(a.view.data_as<T>(), b.view.data_as<T>(), with_bias ? bias.view.data_as<T>() : nullptr,
-                   out.data(), m, k, n, ldo);
+      kernels.gemm(packed.data(), b.view.data_as<T>(), with_bias ? bias.view.data_as<T>() : nullptr, out.data(), m, k,
+                   n, ldo);
       auto av = a.values<T>(), bv = b.values<T>(), biv = bias.values<T>();
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < ldo; ++j) {
@@ -356,12 +362,72 @@ void check_gemm(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) 
   }
 }
 
-// One tile's samples for the hot-loop checks: 3 offset groups of 7 channels, the convolution
-// group [5, 19) straddling all three; every sample's four neighbours inside the 4x5 image; bilinear
-// weights from random fractions (ly, lx).
+// The channels-last copy of one image row: channel counts below, at and past a vector's width
+// (and two), rows shorter and longer than one.
 template <typename T>
+void check_channels_last(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) {
+  for (auto [c_in, w] : {std::array<int64_t, 2>{1, 1}, {3, 40}, {16, 16}, {37, 35}, {64, 9}}) {
+    const int64_t plane = w + 5;  // the planes of a taller image: rows in between
+    Tensor src = Tensor::random<T>({c_in, plane}, 1);
+    std::vector<T> dst(static_cast<size_t>(c_in * w + 2), T(-7));
+    kernels.channels_last(src.view.data_as<T>(), plane, c_in, w, dst.data() + 1);
+    auto sv = src.values<T>();
+    for (int64_t x = 0; x < w; ++x)
+      for (int64_t c = 0; c < c_in; ++c)
+        EXPECT_EQ(dst[1 + x * c_in + c], sv[c * plane + x]) << isa << " c_in=" << c_in << " w=" << w;
+    EXPECT_EQ(dst.front(), T(-7)) << isa;
+    EXPECT_EQ(dst.back(), T(-7)) << isa << ": wrote past the row";
+  }
+}
+
+// The bilinear corners of a row of samples: inside, on and past the image's edges, at integers,
+// far away, infinite and NaN; rows longer and shorter than a vector. The reference is floor() and
+// the bilinear weights in double, from the same sampling point.
+template <typename T>
+void check_corners(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) {
+  const int64_t h = 5, w = 7, padded_w = w + 2;
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  std::vector<T> special = {-1, T(-0.999), 0, 4, T(4.001), T(3.5), 5, 6, T(6.999), 7, -inf, inf, nan, T(1e30), T(-3)};
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<double> pos(-2, 8);
+  for (int64_t len : {int64_t{1}, int64_t{16}, int64_t{53}}) {
+    std::vector<T> at_y(len), at_x(len), dy(len), dx(len);
+    for (int64_t q = 0; q < len; ++q) {
+      at_y[q] = T(q % 4), at_x[q] = T(q % 6);
+      dy[q] = T(pos(gen)) - at_y[q], dx[q] = T(pos(gen)) - at_x[q];
+      if (q % 3 == 0) dy[q] = special[q % special.size()];
+      if (q % 5 == 1) dx[q] = special[(q / 5) % special.size()];
+    }
+    std::vector<deform_conv2d_impl::Corner<T>> out(len + 1, {-9, {T(-9), T(-9), T(-9), T(-9)}});
+    kernels.corners({at_y.data(), at_x.data(), dy.data(), dx.data(), len, h, w, padded_w, out.data()});
+    for (int64_t q = 0; q < len; ++q) {
+      const double y = at_y[q] + dy[q], x = at_x[q] + dx[q];  // the sum in T, as the kernel adds
+      const auto& c = out[q];
+      if (std::isnan(y) || std::isnan(x)) {
+        EXPECT_EQ(c.pixel, 0) << isa;
+        for (T wt : c.w) EXPECT_TRUE(std::isnan(wt)) << isa << " q=" << q;
+      } else if (y <= -1 || y >= h || x <= -1 || x >= w) {
+        EXPECT_EQ(c.pixel, 0) << isa << " q=" << q << " y=" << y << " x=" << x;
+        for (T wt : c.w) EXPECT_EQ(wt, T(0)) << isa << " q=" << q;
+      } else {
+        const double y0 = std::floor(y), x0 = std::floor(x), ly = y - y0, lx = x - x0;
+        EXPECT_EQ(c.pixel, int64_t(y0 + 1) * padded_w + int64_t(x0 + 1)) << isa << " q=" << q << " y=" << y << " x=" << x;
+        const double want[4] = {(1 - ly) * (1 - lx), (1 - ly) * lx, ly * (1 - lx), ly * lx};
+        for (int i = 0; i < 4; ++i) EXPECT_NEAR(c.w[i], want[i], 1e-6) << isa << " q=" << q;
+      }
+    }
+    EXPECT_EQ(out[len].pixel, -9) << isa << ": wrote past the row";
+  }
+}
+
+// One tile's samples for the hot-loop checks: 3 offset groups of kCog channels, the convolution
+// group [5, 5 + 2·kCog) straddling all three; every sample's four neighbours inside the 4x5 image;
+// bilinear weights from random fractions (ly, lx). kCog 7 gives runs of channels shorter than a
+// vector, 37 runs of whole vectors and a remainder.
+template <typename T, int64_t kCog = 7>
 struct TileSamples {
-  static constexpr int64_t c_in = 21, cog = 7, c_begin = 5, cg = 14, kk = 2, tile = 6, len = 5, ph = 4, pw = 5;
+  static constexpr int64_t cog = kCog, c_in = 3 * cog, c_begin = 5, cg = 2 * cog, kk = 2, tile = 6, len = 5, ph = 4,
+                           pw = 5;
   Tensor image = Tensor::random<T>({ph, pw, c_in}, 1), mask = Tensor::random<T>({3, kk, tile}, 2);
   std::vector<deform_conv2d_impl::Corner<T>> corners = std::vector<deform_conv2d_impl::Corner<T>>(3 * kk * tile);
   std::vector<std::array<double, 2>> frac = std::vector<std::array<double, 2>>(corners.size());  // (ly, lx)
@@ -392,10 +458,10 @@ struct TileSamples {
   }
 };
 
-template <typename T>
+template <typename T, int64_t kCog>
 void check_columns(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) {
-  TileSamples<T> t;
-  using S = TileSamples<T>;
+  TileSamples<T, kCog> t;
+  using S = TileSamples<T, kCog>;
   auto mk = t.mask.template values<T>();
   for (bool masked : {false, true}) {
     std::vector<T> cols(static_cast<size_t>(S::len * S::kk * S::cg), T(-7));
@@ -443,10 +509,10 @@ void check_backward_gemms(const deform_conv2d_impl::Kernels<T>& kernels, const c
 
 // The samples' gradients, the derivatives written independently of the kernel's form:
 // d/dy = -hx·a - lx·b + hx·c + lx·d and d/dx = -hy·a + hy·b - ly·c + ly·d.
-template <typename T>
+template <typename T, int64_t kCog>
 void check_sample_grads(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) {
-  TileSamples<T> t;
-  using S = TileSamples<T>;
+  TileSamples<T, kCog> t;
+  using S = TileSamples<T, kCog>;
   Tensor grad_columns = Tensor::random<T>({S::len, S::kk, S::cg}, 3);
   auto mk = t.mask.template values<T>();
   auto gc = grad_columns.values<T>();
@@ -489,14 +555,22 @@ void check_sample_grads(const deform_conv2d_impl::Kernels<T>& kernels, const cha
 TEST(DeformConv2dVariants, EveryRunnableVariant) {
   std::string names;
   for (const auto& v : runnable_variants()) {
+    check_corners<float>(v.f32, v.isa);
+    check_corners<double>(v.f64, v.isa);
+    check_channels_last<float>(v.f32, v.isa);
+    check_channels_last<double>(v.f64, v.isa);
     check_gemm<float>(v.f32, v.isa);
     check_gemm<double>(v.f64, v.isa);
-    check_columns<float>(v.f32, v.isa);
-    check_columns<double>(v.f64, v.isa);
+    check_columns<float, 7>(v.f32, v.isa);
+    check_columns<float, 37>(v.f32, v.isa);
+    check_columns<double, 7>(v.f64, v.isa);
+    check_columns<double, 37>(v.f64, v.isa);
     check_backward_gemms<float>(v.f32, v.isa);
     check_backward_gemms<double>(v.f64, v.isa);
-    check_sample_grads<float>(v.f32, v.isa);
-    check_sample_grads<double>(v.f64, v.isa);
+    check_sample_grads<float, 7>(v.f32, v.isa);
+    check_sample_grads<float, 37>(v.f32, v.isa);
+    check_sample_grads<double, 7>(v.f64, v.isa);
+    check_sample_grads<double, 37>(v.f64, v.isa);
     names += std::string(" ") + v.isa;
   }
   std::cout << "variants checked:" << names << "; the kernel runs " << deform_conv2d_impl::best_variant().isa << "\n";

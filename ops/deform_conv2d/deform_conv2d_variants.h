@@ -1,4 +1,4 @@
-// deform_conv2d's hot loops — filling a column block with bilinear samples and the GEMM, and in the
+// deform_conv2d's hot loops — the channels-last copy of the input, the bilinear corners, filling a column block with bilinear samples and the GEMM, and in the
 // backward the two GEMMs and the samples' gradients — in one variant per instruction set. The rest
 // of the build targets the baseline ISA (x86-64: SSE2), where Eigen's GEMM runs at a fraction of
 // its AVX2/AVX-512 speed, so deform_conv2d_avx2.cc and deform_conv2d_avx512.cc build the same code
@@ -17,6 +17,16 @@ template <typename T>
 struct Corner {
   int64_t pixel;
   T w[4];
+};
+
+// The bilinear corners of one row of a tile's sampling table (one offset group and kernel
+// position): sample q at (at_y[q] + dy[q], at_x[q] + dx[q]) in an h × w image whose zero-bordered
+// copy is padded_w wide.
+template <typename T>
+struct CornerRow {
+  const T *at_y, *at_x, *dy, *dx;
+  int64_t len, h, w, padded_w;
+  Corner<T>* out;
 };
 
 // Fill the column block of one tile of output pixels and one convolution group.
@@ -46,10 +56,18 @@ struct SampleGradJob {
 
 template <typename T>
 struct Kernels {
+  // One row of an image to channels-last: dst[x·c_in + c] = src[c·plane + x] for x < w.
+  void (*channels_last)(const T* src, int64_t plane, int64_t c_in, int64_t w, T* dst) = nullptr;
+  void (*corners)(const CornerRow<T>& row) = nullptr;
   void (*columns)(const ColumnJob<T>& job) = nullptr;
-  // out (m × n, rows `ldo` apart) = a · b (+ bias[row]); a (m × k) row-major, b (k × n)
+  // The forward GEMM's weight a (m × k, row-major) as `gemm` reads it: weight_size(m, k) values
+  // that pack_weight writes, once per call.
+  int64_t (*weight_size)(int64_t m, int64_t k) = nullptr;
+  void (*pack_weight)(const T* a, int64_t m, int64_t k, T* packed) = nullptr;
+  // out (m × n, rows `ldo` apart) = a · b (+ bias[row]); a as pack_weight left it, b (k × n)
   // column-major (column j starts at b + j·k); bias may be null.
-  void (*gemm)(const T* a, const T* b, const T* bias, T* out, int64_t m, int64_t k, int64_t n, int64_t ldo) = nullptr;
+  void (*gemm)(const T* packed_a, const T* b, const T* bias, T* out, int64_t m, int64_t k, int64_t n,
+               int64_t ldo) = nullptr;
   // The backward's two GEMMs, with g (m × n, rows `ldg` apart) a block of the output's gradient:
   // acc (m × k, row-major) += g · columns (n × k, row-major): the weight's gradient;
   // out (n × k, row-major) = gᵀ · w (m × k, row-major): the columns' gradient.
