@@ -21,7 +21,8 @@ namespace opbridge::deform_conv2d_impl {
 
 // A tile's column block (and sampling tables) of about this size stays in a core's L2 cache between
 // the fill and the GEMM, and is wide enough that Eigen's repacking of the weight per tile costs
-// little (measured: 512 KiB beat 128-256 KiB by 10-15% and matched 1-2 MiB).
+// little (measured: 512 KiB beat 128-256 KiB by 10-15% and matched 1-2 MiB; with the float32
+// GEMM that packs the weight once per call, 256 KiB and 512 KiB time the same).
 constexpr int64_t kTileBytes = 512 << 10;
 // Channels-last copies of at most this many bytes at a time (at least one image).
 constexpr int64_t kImageCopyBytes = 64 << 20;

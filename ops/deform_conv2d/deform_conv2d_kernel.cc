@@ -5,8 +5,9 @@
 // four neighbours are four contiguous runs of channels (one vector loop over channels, no bounds
 // checks: neighbours outside the image read the zero border). Work is split over (image, tile of
 // output pixels); per tile the bilinear corners and weights are computed once per (offset group,
-// kernel position, pixel) and reused for every channel of that offset group. The two hot loops
-// (column fill, GEMM) come in one variant per instruction set, see deform_conv2d_variants.h.
+// kernel position, pixel) and reused for every channel of that offset group. The hot loops
+// (channels-last copy, corners, column fill, GEMM) come in one variant per instruction set, see
+// deform_conv2d_variants.h; the GEMM's weight is packed once per call, as the variant reads it.
 #include "deform_conv2d_kernel.h"
 
 #include <algorithm>

@@ -1,10 +1,12 @@
-// deform_conv2d's hot loops — the channels-last copy of the input, the bilinear corners, filling a column block with bilinear samples and the GEMM, and in the
-// backward the two GEMMs and the samples' gradients — in one variant per instruction set. The rest
-// of the build targets the baseline ISA (x86-64: SSE2), where Eigen's GEMM runs at a fraction of
-// its AVX2/AVX-512 speed, so deform_conv2d_avx2.cc and deform_conv2d_avx512.cc build the same code
-// for those (their ISA flags come from opbridge_add_op_library in cmake/OpBridgeFunctions.cmake)
-// and best_variant() picks one at run time. deform_conv2d_variants.cc builds the baseline variant
-// and makes the choice. This header only declares (no Eigen), so the tests can call every variant.
+// deform_conv2d's hot loops — the channels-last copy of the input, the bilinear corners, filling a
+// column block with bilinear samples and the GEMM, and in the backward the two GEMMs and the
+// samples' gradients — in one variant per instruction set. The rest of the build targets the
+// baseline ISA (x86-64: SSE2), where a GEMM runs at a fraction of its AVX2/AVX-512 speed, so
+// deform_conv2d_avx2.cc and deform_conv2d_avx512.cc build the same code for those (their ISA flags
+// come from opbridge_add_op_library in cmake/OpBridgeFunctions.cmake; there float32 takes
+// hand-vectorised loops and GEMM, see deform_conv2d_variant_impl.h) and best_variant() picks one
+// at run time. deform_conv2d_variants.cc builds the baseline variant and makes the choice. This
+// header only declares (no Eigen), so the tests can call every variant.
 #pragma once
 
 #include <cstdint>
