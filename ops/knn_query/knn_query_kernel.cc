@@ -469,23 +469,31 @@ Forest<T> forest_for(KernelContext& ctx, const T* xyz, int64_t n, const std::vec
   return f;
 }
 
-// Searches every query i < m (qxyz, segments qb) and writes its row of idx and dist.
+// Searches every query i < m (qxyz, segments qb) and writes its row of idx and dist. When the
+// queries are the points themselves (`self`), they are taken in the tree's order (position r is
+// row f.idx[r], with the same coordinates): consecutive queries then walk the same path to
+// neighbouring leaves, which stay in cache. The searches are the same, so is every result.
 template <typename T>
 void query_all(KernelContext& ctx, const Forest<T>& f, const T* qxyz, int64_t m, const std::vector<int64_t>& qb,
-               int64_t k, int32_t* out_idx, T* out_dist) {
+               bool self, int64_t k, int32_t* out_idx, T* out_dist) {
   ctx.parallel_for(m, 256, [&](int64_t lo, int64_t hi) {
     Best<T, Keep::BranchFree> branch_free;
     Best<T, Keep::Insertion> insertion;
     Best<T, Keep::Heap> heap;
     size_t s = static_cast<size_t>(std::upper_bound(qb.begin(), qb.end(), lo) - qb.begin()) - 1;
-    for (int64_t i = lo; i < hi; ++i) {
-      while (qb[s + 1] <= i) ++s;
+    for (int64_t r = lo; r < hi; ++r) {
+      while (qb[s + 1] <= r) ++s;
       const int64_t kk = std::min(k, f.count[s]);  // a segment smaller than k: the rest is padding
       const SegmentTree<T> t = segment_tree(f, s);
+      // A segment without a tree (no points) has no reordered rows: its queries keep their order.
+      const bool reordered = self && f.depth[s] >= 0;
+      const int64_t i = reordered ? f.idx[r] : r;
+      const T q[3] = {reordered ? f.x[r] : qxyz[3 * i], reordered ? f.y[r] : qxyz[3 * i + 1],
+                      reordered ? f.z[r] : qxyz[3 * i + 2]};
       auto search = [&](auto& best) {
         using BestT = std::decay_t<decltype(best)>;
         best.reset(kk);
-        if (kk > 0) Query<T, BestT>{t, {qxyz[3 * i], qxyz[3 * i + 1], qxyz[3 * i + 2]}, best}.run();
+        if (kk > 0) Query<T, BestT>{t, {q[0], q[1], q[2]}, best}.run();
         best.write(out_idx + i * k, out_dist + i * k, k);
       };
       if (kk > kMaxInsertionK) search(heap);
@@ -518,7 +526,7 @@ void knn(KernelContext& ctx, int64_t k, const TensorView& xyz_t, const TensorVie
   int32_t* out_idx = ctx.output(0).data_as<int32_t>();
   if (m == 0) return;
   const Forest<T> f = forest_for(ctx, xyz, n, pb, qb);
-  query_all(ctx, f, qxyz, m, qb, k, out_idx, out_dist);
+  query_all(ctx, f, qxyz, m, qb, new_xyz_t == nullptr, k, out_idx, out_dist);
 }
 
 }  // namespace
