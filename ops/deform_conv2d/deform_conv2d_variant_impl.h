@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <vector>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -23,6 +22,14 @@
 
 namespace opbridge::deform_conv2d_impl {
 namespace {
+
+// std::min, std::isnan and the like are inline functions with external linkage: a build that does
+// not inline them (-O0) emits them out of line, and the linker could keep this file's wide-ISA
+// copies for the baseline code as well. These have internal linkage.
+inline int64_t lesser(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t greater(int64_t a, int64_t b) { return a < b ? b : a; }
+template <typename T>
+inline bool is_nan(T x) { return x != x; }
 
 template <typename T>
 Corner<T> corner(T y, T x, int64_t h, int64_t w, int64_t padded_w) {
@@ -37,7 +44,8 @@ Corner<T> corner(T y, T x, int64_t h, int64_t w, int64_t padded_w) {
   }
   // Outside the image the sample is 0: zero weights on the zero border. A NaN position gives NaN
   // weights, so a NaN offset shows in the output instead of being read as "outside".
-  const T z = (std::isnan(y) || std::isnan(x)) ? std::numeric_limits<T>::quiet_NaN() : T(0);
+  static constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
+  const T z = (is_nan(y) || is_nan(x)) ? kNaN : T(0);
   return {0, {z, z, z, z}};
 }
 
@@ -62,7 +70,7 @@ void fill_columns(const ColumnJob<T>& j) {
       T* col = j.columns + q * kg + k * j.cg;
       // The group's channels may span several offset groups, each with its own sample.
       for (int64_t c0 = j.c_begin, og = og_begin; c0 < c_end; ++og) {
-        const int64_t c1 = std::min(c_end, (og + 1) * j.cog);
+        const int64_t c1 = lesser(c_end, (og + 1) * j.cog);
         const int64_t slot = (og * j.kk + k) * j.tile + q;
         const Corner<T>& s = j.corners[slot];
         const T* __restrict a = j.image + s.pixel * j.c_in + c0;  // the four neighbours: runs of channels
@@ -99,7 +107,7 @@ int64_t eigen_weight_size(int64_t m, int64_t k) {
 
 template <typename T>
 void eigen_pack_weight(const T* a, int64_t m, int64_t k, T* packed) {
-  std::copy(a, a + m * k, packed);
+  for (int64_t i = 0; i < m * k; ++i) packed[i] = a[i];  // a loop: no std:: template instantiated here
 }
 
 template <typename T>
@@ -195,6 +203,15 @@ struct Wide {
 };
 #endif
 
+// Zeroed float scratch with internal linkage, in place of std::vector (see lesser() above).
+struct FloatBuffer {
+  explicit FloatBuffer(int64_t n) : data(new float[static_cast<size_t>(n)]()) {}
+  ~FloatBuffer() { delete[] data; }
+  FloatBuffer(const FloatBuffer&) = delete;
+  FloatBuffer& operator=(const FloatBuffer&) = delete;
+  float* data;
+};
+
 // The weight in panels of kMaxV vectors of output channels (the last panel as many vectors as its
 // channels need, zero-padded), each panel depth-major: panel i0 at i0·k, step q of its depth at
 // q·(its width).
@@ -204,7 +221,7 @@ int64_t wide_weight_size(int64_t m, int64_t k) {
 
 void wide_pack_weight(const float* a, int64_t m, int64_t k, float* packed) {
   for (int64_t i0 = 0; i0 < m; i0 += Wide::kWidth * Wide::kMaxV) {
-    const int64_t rows = std::min<int64_t>(Wide::kWidth * Wide::kMaxV, m - i0);
+    const int64_t rows = lesser(Wide::kWidth * Wide::kMaxV, m - i0);
     const int64_t width = (rows + Wide::kWidth - 1) / Wide::kWidth * Wide::kWidth;
     float* panel = packed + i0 * k;
     for (int64_t i = 0; i < width; ++i)
@@ -252,8 +269,8 @@ void store_transposed(const float* sums, int64_t lds, const float* bias, float* 
           Wide::store(out + (i0 + t) * ldo + j0, bias ? Wide::add(r[t], Wide::splat(bias[i0 + t])) : r[t]);
         continue;
       }
-      for (int64_t i = i0; i < std::min<int64_t>(rows, i0 + W); ++i)  // a partial block
-        for (int64_t j = j0; j < std::min<int64_t>(n, j0 + W); ++j)
+      for (int64_t i = i0; i < lesser(rows, i0 + W); ++i)  // a partial block
+        for (int64_t j = j0; j < lesser(n, j0 + W); ++j)
           out[i * ldo + j] = bias ? sums[j * lds + i] + bias[i] : sums[j * lds + i];
     }
 }
@@ -269,7 +286,7 @@ void wide_fill_columns(const ColumnJob<float>& j) {
     for (int64_t k = 0; k < j.kk; ++k) {
       float* col = j.columns + q * kg + k * j.cg;
       for (int64_t c0 = j.c_begin, og = og_begin; c0 < c_end; ++og) {
-        const int64_t c1 = std::min(c_end, (og + 1) * j.cog), n = c1 - c0;
+        const int64_t c1 = lesser(c_end, (og + 1) * j.cog), n = c1 - c0;
         const int64_t slot = (og * j.kk + k) * j.tile + q;
         const Corner<float>& s = j.corners[slot];
         const float* a = j.image + s.pixel * j.c_in + c0;
@@ -311,10 +328,12 @@ typedef int32_t I16 __attribute__((vector_size(64)));
 
 void wide_corners(const CornerRow<float>& r) {
   constexpr int L = 16;
-  if (r.h >= (1 << 24) || r.w >= (1 << 24) || (r.h + 2) * r.padded_w >= std::numeric_limits<int32_t>::max())
+  static constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  if (r.h >= (1 << 24) || r.w >= (1 << 24) || (r.h + 2) * r.padded_w >= kInt32Max)
     return corners<float>(r);
   const F16 h = F16{} + static_cast<float>(r.h), w = F16{} + static_cast<float>(r.w);
-  const F16 nan = F16{} + std::numeric_limits<float>::quiet_NaN();
+  static constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const F16 nan = F16{} + kNaN;
   const I16 padded_w = I16{} + static_cast<int32_t>(r.padded_w);
   int64_t q = 0;
   for (; q + L <= r.len; q += L) {
@@ -369,9 +388,9 @@ void wide_panel(const float* w, const float* b, const float* bias, float* out, i
   constexpr int P = Wide::kAccumulators / V;
   constexpr int64_t lds = V * Wide::kWidth;
   if (n < P) {  // fewer pixels than a micro-tile: from a copy padded with zero columns
-    std::vector<float> padded(static_cast<size_t>(P * k), 0.0f);
-    std::copy(b, b + n * k, padded.begin());
-    micro_tile<V, P>(w, padded.data(), k, k, sums);
+    FloatBuffer padded(P * k);
+    for (int64_t i = 0; i < n * k; ++i) padded.data[i] = b[i];
+    micro_tile<V, P>(w, padded.data, k, k, sums);
   } else {
     for (int64_t j0 = 0; j0 + P <= n; j0 += P) micro_tile<V, P>(w, b + j0 * k, k, k, sums + j0 * lds);
     if (n % P)  // the last pixels: the last P pixels again
@@ -383,18 +402,18 @@ void wide_panel(const float* w, const float* b, const float* bias, float* out, i
 void wide_gemm(const float* packed, const float* b, const float* bias, float* out, int64_t m, int64_t k, int64_t n,
                int64_t ldo) {
   constexpr int64_t kPanel = Wide::kWidth * Wide::kMaxV;
-  std::vector<float> sums(static_cast<size_t>(std::max<int64_t>(n, Wide::kAccumulators) * kPanel));
+  FloatBuffer sums(greater(n, Wide::kAccumulators) * kPanel);
   for (int64_t i0 = 0; i0 < m; i0 += kPanel) {
-    const int64_t rows = std::min(kPanel, m - i0);
+    const int64_t rows = lesser(kPanel, m - i0);
     const float* w = packed + i0 * k;
     const float* bi = bias ? bias + i0 : nullptr;
     float* o = out + i0 * ldo;
     switch ((rows + Wide::kWidth - 1) / Wide::kWidth) {
-      case 1: wide_panel<1>(w, b, bi, o, rows, k, n, ldo, sums.data()); break;
-      case 2: wide_panel<2>(w, b, bi, o, rows, k, n, ldo, sums.data()); break;
+      case 1: wide_panel<1>(w, b, bi, o, rows, k, n, ldo, sums.data); break;
+      case 2: wide_panel<2>(w, b, bi, o, rows, k, n, ldo, sums.data); break;
 #if defined(__AVX512F__)
-      case 3: wide_panel<3>(w, b, bi, o, rows, k, n, ldo, sums.data()); break;
-      case 4: wide_panel<4>(w, b, bi, o, rows, k, n, ldo, sums.data()); break;
+      case 3: wide_panel<3>(w, b, bi, o, rows, k, n, ldo, sums.data); break;
+      case 4: wide_panel<4>(w, b, bi, o, rows, k, n, ldo, sums.data); break;
 #endif
     }
   }
@@ -440,7 +459,7 @@ void sample_grads(const SampleGradJob<T>& s) {
     for (int64_t k = 0; k < j.kk; ++k) {
       const T* gcol = s.grad_columns + q * kg + k * j.cg;
       for (int64_t c0 = j.c_begin; c0 < c_end;) {
-        const int64_t og = c0 / j.cog, c1 = std::min(c_end, (og + 1) * j.cog), n = c1 - c0;
+        const int64_t og = c0 / j.cog, c1 = lesser(c_end, (og + 1) * j.cog), n = c1 - c0;
         const int64_t slot = (og * j.kk + k) * j.tile + q;
         const Corner<T>& at = j.corners[slot];
         const T w0 = at.w[0], w1 = at.w[1], w2 = at.w[2], w3 = at.w[3];
