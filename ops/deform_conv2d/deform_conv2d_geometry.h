@@ -140,7 +140,7 @@ struct Buffers {
         corners(new Corner<T>[static_cast<size_t>(g.offset_groups * g.kk * tile)]),
         mask(masked ? new T[static_cast<size_t>(g.offset_groups * g.kk * tile)] : nullptr),
         columns(new T[static_cast<size_t>(std::max<int64_t>(1, column_blocks * g.kg * tile))]) {}
-  std::unique_ptr<T[]> at;               // [kernel position][y, x][pixel of the tile]: sampling points before the offsets
+  std::unique_ptr<T[]> at;               // [kernel position][y, x][pixel of the tile]: points before the offsets
   std::unique_ptr<Corner<T>[]> corners;  // [offset group][kernel position][pixel of the tile]
   std::unique_ptr<T[]> mask;             // same layout; empty without a mask
   std::unique_ptr<T[]> columns;          // column_blocks × [pixel of the tile][kernel position][channel of the group]

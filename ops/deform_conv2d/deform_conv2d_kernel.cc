@@ -54,8 +54,8 @@ void deform_conv2d_typed(KernelContext& ctx, const Geometry& g, const TensorView
   // Images per channels-last copy: enough (image, tile) jobs for a large machine's threads, no more,
   // so that the tiles read a copy made moments before (N=4, 64x64x64 on one thread: all four in one
   // copy 1.18x a Conv, two at a time 1.12x).
-  const int64_t batch = std::min({g.n, (kMinJobs + n_tiles - 1) / n_tiles,
-                                  std::max<int64_t>(1, kImageCopyBytes / std::max<int64_t>(1, image * int64_t(sizeof(T))))});
+  const int64_t fit = std::max<int64_t>(1, kImageCopyBytes / std::max<int64_t>(1, image * int64_t(sizeof(T))));
+  const int64_t batch = std::min({g.n, (kMinJobs + n_tiles - 1) / n_tiles, fit});
   T* nhwc = static_cast<T*>(ctx.scratch(static_cast<size_t>(batch * image) * sizeof(T)));
 
   for (int64_t n0 = 0; n0 < g.n; n0 += batch) {

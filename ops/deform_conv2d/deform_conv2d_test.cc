@@ -421,13 +421,14 @@ void check_corners(const deform_conv2d_impl::Kernels<T>& kernels, const char* is
 }
 
 // One tile's samples for the hot-loop checks: 3 offset groups of kCog channels, the convolution
-// group [5, 5 + 2·kCog) straddling all three; every sample's four neighbours inside the 4x5 image;
-// bilinear weights from random fractions (ly, lx). kCog 7 gives runs of channels shorter than a
-// vector, 37 runs of whole vectors and a remainder.
-template <typename T, int64_t kCog = 7>
+// group [kBegin, kBegin + 2·kCog) (from 5: straddling all three); every sample's four neighbours
+// inside the 4x5 image; bilinear weights from random fractions (ly, lx). kCog 7 gives runs of
+// channels shorter than a vector, 37 runs of whole vectors and a remainder; kBegin = kCog with
+// kCog 16 or 32 a group of whole offset groups, runs of one to four vectors and nothing else.
+template <typename T, int64_t kCog = 7, int64_t kBegin = 5>
 struct TileSamples {
-  static constexpr int64_t cog = kCog, c_in = 3 * cog, c_begin = 5, cg = 2 * cog, kk = 2, tile = 6, len = 5, ph = 4,
-                           pw = 5;
+  static constexpr int64_t cog = kCog, c_in = 3 * cog, c_begin = kBegin, cg = 2 * cog, kk = 2, tile = 6, len = 5,
+                           ph = 4, pw = 5;
   Tensor image = Tensor::random<T>({ph, pw, c_in}, 1), mask = Tensor::random<T>({3, kk, tile}, 2);
   std::vector<deform_conv2d_impl::Corner<T>> corners = std::vector<deform_conv2d_impl::Corner<T>>(3 * kk * tile);
   std::vector<std::array<double, 2>> frac = std::vector<std::array<double, 2>>(corners.size());  // (ly, lx)
@@ -458,10 +459,10 @@ struct TileSamples {
   }
 };
 
-template <typename T, int64_t kCog>
+template <typename T, int64_t kCog, int64_t kBegin = 5>
 void check_columns(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) {
-  TileSamples<T, kCog> t;
-  using S = TileSamples<T, kCog>;
+  TileSamples<T, kCog, kBegin> t;
+  using S = TileSamples<T, kCog, kBegin>;
   auto mk = t.mask.template values<T>();
   for (bool masked : {false, true}) {
     std::vector<T> cols(static_cast<size_t>(S::len * S::kk * S::cg), T(-7));
@@ -563,6 +564,8 @@ TEST(DeformConv2dVariants, EveryRunnableVariant) {
     check_gemm<double>(v.f64, v.isa);
     check_columns<float, 7>(v.f32, v.isa);
     check_columns<float, 37>(v.f32, v.isa);
+    check_columns<float, 16, 16>(v.f32, v.isa);
+    check_columns<float, 32, 32>(v.f32, v.isa);
     check_columns<double, 7>(v.f64, v.isa);
     check_columns<double, 37>(v.f64, v.isa);
     check_backward_gemms<float>(v.f32, v.isa);

@@ -313,11 +313,57 @@ void wide_fill_columns(const ColumnJob<float>& j) {
     }
 }
 
+// wide_fill_columns() where every run of channels is NV whole vectors (the group starts at an
+// offset group's first channel and holds whole offset groups of NV·kWidth channels): the runs'
+// loops unrolled, their loads at constant offsets from four pointers, few values live across the
+// loops (the general loop keeps its pointers in vector registers and on the stack).
+template <bool kMasked, int NV>
+void wide_fill_runs(const ColumnJob<float>& j) {
+  constexpr int W = Wide::kWidth;
+  const int64_t kg = j.cg * j.kk, runs = j.cg / j.cog, og_begin = j.c_begin / j.cog;
+  const int64_t c_in = j.c_in, below = j.padded_w * j.c_in, og_stride = j.kk * j.tile;
+  const float* image = j.image + j.c_begin;
+  for (int64_t q = 0; q < j.len; ++q)
+    for (int64_t k = 0; k < j.kk; ++k) {
+      float* o = j.columns + q * kg + k * j.cg;
+      const int64_t slot0 = (og_begin * j.kk + k) * j.tile + q;
+      for (int64_t r = 0; r < runs; ++r, o += NV * W) {
+        const int64_t slot = slot0 + r * og_stride;
+        const Corner<float>& s = j.corners[slot];
+        const float* a = image + s.pixel * c_in + r * (NV * W);
+        const float m = kMasked ? j.mask[slot] : 1.0f;
+        const typename Wide::Reg w0 = Wide::splat(m * s.w[0]), w1 = Wide::splat(m * s.w[1]),
+                                 w2 = Wide::splat(m * s.w[2]), w3 = Wide::splat(m * s.w[3]);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+          const float* p = a + v * W;
+          const typename Wide::Reg top = Wide::fmadd(w1, Wide::load(p + c_in), Wide::mul(w0, Wide::load(p)));
+          const typename Wide::Reg bottom =
+              Wide::fmadd(w3, Wide::load(p + below + c_in), Wide::mul(w2, Wide::load(p + below)));
+          Wide::store(o + v * W, Wide::add(top, bottom));
+        }
+      }
+    }
+}
+
+template <bool kMasked>
+void wide_fill(const ColumnJob<float>& j) {
+  constexpr int W = Wide::kWidth;
+  const bool whole_runs = j.c_begin % j.cog == 0 && j.cg % j.cog == 0 && j.cog % W == 0;
+  switch (whole_runs ? j.cog / W : 0) {
+    case 1: return wide_fill_runs<kMasked, 1>(j);
+    case 2: return wide_fill_runs<kMasked, 2>(j);
+    case 3: return wide_fill_runs<kMasked, 3>(j);
+    case 4: return wide_fill_runs<kMasked, 4>(j);
+    default: return wide_fill_columns<kMasked>(j);
+  }
+}
+
 void wide_columns(const ColumnJob<float>& j) {
   if (j.mask)
-    wide_fill_columns<true>(j);
+    wide_fill<true>(j);
   else
-    wide_fill_columns<false>(j);
+    wide_fill<false>(j);
 }
 
 // corners() for float, 16 samples at a time in GCC's vector extensions (whatever this file's ISA
@@ -335,13 +381,14 @@ void wide_corners(const CornerRow<float>& r) {
   static constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   const F16 nan = F16{} + kNaN;
   const I16 padded_w = I16{} + static_cast<int32_t>(r.padded_w);
-  int64_t q = 0;
-  for (; q + L <= r.len; q += L) {
+  // Samples [q, q + count) of the row from at_y..dx (16 values each, read from q on).
+  const auto sixteen = [&](const float* at_y_p, const float* at_x_p, const float* dy_p, const float* dx_p, int64_t q,
+                           int count) {
     F16 at_y, at_x, dy, dx;
-    std::memcpy(&at_y, r.at_y + q, sizeof(F16));
-    std::memcpy(&at_x, r.at_x + q, sizeof(F16));
-    std::memcpy(&dy, r.dy + q, sizeof(F16));
-    std::memcpy(&dx, r.dx + q, sizeof(F16));
+    std::memcpy(&at_y, at_y_p, sizeof(F16));
+    std::memcpy(&at_x, at_x_p, sizeof(F16));
+    std::memcpy(&dy, dy_p, sizeof(F16));
+    std::memcpy(&dx, dx_p, sizeof(F16));
     const F16 y = at_y + dy, x = at_x + dx;
     const I16 inside = (y > -1.0f) & (y < h) & (x > -1.0f) & (x < w);
     // Truncation, then one down where it rounded up: floor for y, x > -1. Lanes outside convert
@@ -357,9 +404,18 @@ void wide_corners(const CornerRow<float>& r) {
     const F16 w2 = inside ? ly * hx : outside, w3 = inside ? ly * lx : outside;
     const I16 pixel = inside & ((y0 + 1) * padded_w + x0 + 1);
     Corner<float>* out = r.out + q;
-    for (int t = 0; t < L; ++t) out[t] = {pixel[t], {w0[t], w1[t], w2[t], w3[t]}};
+    for (int t = 0; t < count; ++t) out[t] = {pixel[t], {w0[t], w1[t], w2[t], w3[t]}};
+  };
+  int64_t q = 0;
+  for (; q + L <= r.len; q += L) sixteen(r.at_y + q, r.at_x + q, r.dy + q, r.dx + q, q, L);
+  // The last samples, from copies padded with zeros: corner() took ~17x as long per sample.
+  if (q < r.len) {
+    float tail[4][L] = {};
+    const int count = static_cast<int>(r.len - q);
+    for (int t = 0; t < count; ++t)
+      tail[0][t] = r.at_y[q + t], tail[1][t] = r.at_x[q + t], tail[2][t] = r.dy[q + t], tail[3][t] = r.dx[q + t];
+    sixteen(tail[0], tail[1], tail[2], tail[3], q, count);
   }
-  corners<float>({r.at_y + q, r.at_x + q, r.dy + q, r.dx + q, r.len - q, r.h, r.w, r.padded_w, r.out + q});
 }
 
 // channels_last() in kWidth x kWidth blocks transposed in registers.
@@ -484,14 +540,17 @@ void sample_grads(const SampleGradJob<T>& s) {
 Variant this_variant(const char* isa) {
   Variant v;
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-  v.f32 = {&wide_channels_last, &wide_corners, &wide_columns, &wide_weight_size, &wide_pack_weight,
-           &wide_gemm,          &gemm_acc_g_cols<float>, &gemm_gt_w<float>, &sample_grads<float>};
+  // In Kernels' order: channels_last, corners, columns, weight_size, pack_weight, gemm,
+  // gemm_acc_g_cols, gemm_gt_w, sample_grads.
+  v.f32 = {&wide_channels_last, &wide_corners, &wide_columns, &wide_weight_size, &wide_pack_weight, &wide_gemm,
+           &gemm_acc_g_cols<float>, &gemm_gt_w<float>, &sample_grads<float>};
 #else
-  v.f32 = {&channels_last<float>, &corners<float>, &columns<float>,         &eigen_weight_size<float>, &eigen_pack_weight<float>,
-           &gemm<float>,          &gemm_acc_g_cols<float>, &gemm_gt_w<float>,         &sample_grads<float>};
+  v.f32 = {&channels_last<float>, &corners<float>, &columns<float>, &eigen_weight_size<float>,
+           &eigen_pack_weight<float>, &gemm<float>, &gemm_acc_g_cols<float>, &gemm_gt_w<float>, &sample_grads<float>};
 #endif
-  v.f64 = {&channels_last<double>, &corners<double>, &columns<double>,         &eigen_weight_size<double>, &eigen_pack_weight<double>,
-           &gemm<double>,          &gemm_acc_g_cols<double>, &gemm_gt_w<double>,         &sample_grads<double>};
+  v.f64 = {&channels_last<double>, &corners<double>, &columns<double>, &eigen_weight_size<double>,
+           &eigen_pack_weight<double>, &gemm<double>, &gemm_acc_g_cols<double>, &gemm_gt_w<double>,
+           &sample_grads<double>};
   v.isa = isa;
   return v;
 }
