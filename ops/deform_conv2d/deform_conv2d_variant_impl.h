@@ -206,9 +206,11 @@ struct Wide {
 };
 #endif
 
-// Zeroed float scratch with internal linkage, in place of std::vector (see lesser() above).
+// Float scratch with internal linkage, in place of std::vector (see lesser() above).
 struct FloatBuffer {
-  explicit FloatBuffer(int64_t n) : data(new float[static_cast<size_t>(n)]()) {}
+  enum Fill { kZeroed, kUninitialised };
+  FloatBuffer(int64_t n, Fill fill)
+      : data(fill == kZeroed ? new float[static_cast<size_t>(n)]() : new float[static_cast<size_t>(n)]) {}
   ~FloatBuffer() { delete[] data; }
   FloatBuffer(const FloatBuffer&) = delete;
   FloatBuffer& operator=(const FloatBuffer&) = delete;
@@ -448,7 +450,7 @@ void wide_panel(const float* w, const float* b, const float* bias, float* out, i
   constexpr int P = Wide::kAccumulators / V;
   constexpr int64_t lds = V * Wide::kWidth;
   if (n < P) {  // fewer pixels than a micro-tile: from a copy padded with zero columns
-    FloatBuffer padded(P * k);
+    FloatBuffer padded(P * k, FloatBuffer::kZeroed);  // the zero columns past n
     for (int64_t i = 0; i < n * k; ++i) padded.data[i] = b[i];
     micro_tile<V, P>(w, padded.data, k, k, sums);
   } else {
@@ -462,7 +464,8 @@ void wide_panel(const float* w, const float* b, const float* bias, float* out, i
 void wide_gemm(const float* packed, const float* b, const float* bias, float* out, int64_t m, int64_t k, int64_t n,
                int64_t ldo) {
   constexpr int64_t kPanel = Wide::kWidth * Wide::kMaxV;
-  FloatBuffer sums(greater(n, Wide::kAccumulators) * kPanel);
+  // Every sum that store_transposed() reads is written first: no zeroing (once per tile and group).
+  FloatBuffer sums(greater(n, Wide::kAccumulators) * kPanel, FloatBuffer::kUninitialised);
   for (int64_t i0 = 0; i0 < m; i0 += kPanel) {
     const int64_t rows = lesser(kPanel, m - i0);
     const float* w = packed + i0 * k;
