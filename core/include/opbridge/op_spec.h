@@ -59,7 +59,7 @@ DimExpr attr(std::string name);
 DimExpr attr_at(std::string name, int64_t index);
 DimExpr constant(int64_t v);
 // A size only the kernel knows (it depends on input values: Resize's run-time scales, the number
-// of pairs within a radius). It stands alone as an output dimension. The kernel allocates such an
+// of neighbour pairs found). It stands alone as an output dimension. The kernel allocates such an
 // output itself (KernelContext::allocate_output); under torch.export and torch.compile the size is
 // an unbacked SymInt, in an exported ONNX model a symbolic dimension. Outputs that name the same
 // size (data_dependent("pairs")) share it: one symbol in PyTorch, and the kernel must give them

@@ -1,0 +1,23 @@
+// Batch segments as point-cloud ops take them: cumulative segment ends (Pointcept's
+// `offset`), or segment starts with the total (PyG's `ptr`). Kernels read them through these,
+// checked, so every op says the same about a bad one.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "opbridge/tensor_view.h"
+
+namespace opbridge {
+
+// {0, offset[0], ..., offset[b-1]} from cumulative segment ends (int32 or int64), each checked
+// non-negative and non-decreasing; with `rows_name`, the last must equal `rows`, the row count of
+// that input.
+std::vector<int64_t> segment_bounds(const TensorView& offset, const char* offset_name, int64_t rows = -1,
+                                    const char* rows_name = nullptr);
+
+// {ptr[0], ..., ptr[b]} from segment starts and the total (int32 or int64), checked to start at 0,
+// not decrease and end at `rows`, the row count of input `rows_name`.
+std::vector<int64_t> segment_pointers(const TensorView& ptr, const char* ptr_name, int64_t rows, const char* rows_name);
+
+}  // namespace opbridge
