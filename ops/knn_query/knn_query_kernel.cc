@@ -8,6 +8,7 @@
 #include "knn_query_kernel.h"
 
 #include <opbridge/float32_copy.h>
+#include <opbridge/segments.h>
 
 #include <algorithm>
 #include <cmath>
@@ -33,34 +34,6 @@ constexpr int64_t kMaxInsertionK = 128;
 constexpr int32_t kNoPoint = std::numeric_limits<int32_t>::max();
 
 // ---- validation -------------------------------------------------------------------------------
-
-// Segment boundaries {0, offset[0], ..., offset[b-1]}, checked against the row count.
-template <typename I>
-std::vector<int64_t> read_bounds(const TensorView& offset, const char* offset_name, int64_t rows,
-                                 const char* rows_name) {
-  const I* p = offset.data_as<I>();
-  const int64_t b = offset.numel();
-  std::vector<int64_t> bounds(static_cast<size_t>(b) + 1, 0);
-  for (int64_t i = 0; i < b; ++i) {
-    const int64_t v = static_cast<int64_t>(p[i]);
-    OB_CHECK(v >= 0, offset_name, "[", i, "] = ", v, " is negative; offsets are cumulative segment ends");
-    OB_CHECK(v >= bounds[i], offset_name, " must be non-decreasing, but ", offset_name, "[", i - 1, "] = ", bounds[i],
-             " > ", offset_name, "[", i, "] = ", v);
-    bounds[i + 1] = v;
-  }
-  OB_CHECK(bounds.back() == rows, "the last entry of ", offset_name, " (", bounds.back(), b == 0 ? ", none given" : "",
-           ") must equal the number of rows of ", rows_name, " (", rows, ")");
-  return bounds;
-}
-
-std::vector<int64_t> segment_bounds(const TensorView& offset, const char* offset_name, int64_t rows,
-                                    const char* rows_name) {
-  std::vector<int64_t> out;
-  visit_dtype<int32_t, int64_t>(offset.dtype, [&](auto zero) {
-    out = read_bounds<decltype(zero)>(offset, offset_name, rows, rows_name);
-  });
-  return out;
-}
 
 // NaN has no place in a distance order and infinities make NaN distances: both are rejected.
 template <typename T>
@@ -288,7 +261,7 @@ class Best {
 
   // Writes the k pairs nearest first, then padding up to k_out: index -1, distance +inf (a
   // padded slot is never nearer than a real point, and weighs 0 under 1/dist).
-  void write(int32_t* out_idx, T* out_dist, int64_t k_out) {
+  void write(int32_t* out_idx, T* out_dist, int64_t k_out, bool squared) {
     if (kHeap) {
       for (int64_t last = k_ - 1; last > 0; --last) {  // heap sort: worst to the back
         const Key<T> key = keys_[last];
@@ -299,7 +272,8 @@ class Best {
     for (int64_t i = 0; i < k_out; ++i) {
       const int32_t id = i < k_ ? key_idx<T>(keys_[i]) : kNoPoint;
       out_idx[i] = id == kNoPoint ? -1 : id;
-      out_dist[i] = id == kNoPoint ? std::numeric_limits<T>::infinity() : std::sqrt(key_d2<T>(keys_[i]));
+      const T d2 = id == kNoPoint ? std::numeric_limits<T>::infinity() : key_d2<T>(keys_[i]);
+      out_dist[i] = squared ? d2 : std::sqrt(d2);
     }
   }
 
@@ -475,7 +449,7 @@ Forest<T> forest_for(KernelContext& ctx, const T* xyz, int64_t n, const std::vec
 // neighbouring leaves, which stay in cache. The searches are the same, so is every result.
 template <typename T>
 void query_all(KernelContext& ctx, const Forest<T>& f, const T* qxyz, int64_t m, const std::vector<int64_t>& qb,
-               bool self, int64_t k, int32_t* out_idx, T* out_dist) {
+               bool self, int64_t k, bool squared, int32_t* out_idx, T* out_dist) {
   ctx.parallel_for(m, 256, [&](int64_t lo, int64_t hi) {
     Best<T, Keep::BranchFree> branch_free;
     Best<T, Keep::Insertion> insertion;
@@ -494,7 +468,7 @@ void query_all(KernelContext& ctx, const Forest<T>& f, const T* qxyz, int64_t m,
         using BestT = std::decay_t<decltype(best)>;
         best.reset(kk);
         if (kk > 0) Query<T, BestT>{t, {q[0], q[1], q[2]}, best}.run();
-        best.write(out_idx + i * k, out_dist + i * k, k);
+        best.write(out_idx + i * k, out_dist + i * k, k, squared);
       };
       if (kk > kMaxInsertionK) search(heap);
       else if (std::is_same_v<T, float> && kk <= kMaxBranchFreeK) search(branch_free);
@@ -507,7 +481,7 @@ template <typename T>
 // The points as T: the op's inputs, or their float32 copies for the 16-bit types (then out_dist
 // is float32 scratch, rounded into the output by the caller).
 void knn(KernelContext& ctx, int64_t k, const TensorView& xyz_t, const TensorView& offset_t, const TensorView* new_xyz_t,
-         const TensorView* new_offset_t, TensorView& idx, T* out_dist) {
+         const TensorView* new_offset_t, bool squared, TensorView& idx, T* out_dist) {
   // Shape rules treat each optional input alone: only the kernel can pair them.
   OB_CHECK((new_xyz_t == nullptr) == (new_offset_t == nullptr), "new_xyz and new_offset must be given together");
   const TensorView& q_t = new_xyz_t ? *new_xyz_t : xyz_t;
@@ -526,25 +500,25 @@ void knn(KernelContext& ctx, int64_t k, const TensorView& xyz_t, const TensorVie
   int32_t* out_idx = idx.data_as<int32_t>();
   if (m == 0) return;
   const Forest<T> f = forest_for(ctx, xyz, n, pb, qb);
-  query_all(ctx, f, qxyz, m, qb, new_xyz_t == nullptr, k, out_idx, out_dist);
+  query_all(ctx, f, qxyz, m, qb, new_xyz_t == nullptr, k, squared, out_idx, out_dist);
 }
 
 }  // namespace
 
 void knn_query_kernel(KernelContext& ctx, const TensorView& xyz, const TensorView& offset, const TensorView* new_xyz,
-                      const TensorView* new_offset, int64_t k, TensorView& idx, TensorView& dist) {
+                      const TensorView* new_offset, int64_t k, TensorView& idx, TensorView& dist, bool squared) {
   if (is_16bit_float(xyz.dtype)) {
     // Distances computed in float32 on the 16-bit coordinates (order and ties decided there),
     // rounded to the input's type once.
     const TensorView xyz32 = float32_copy(ctx, xyz);
     const TensorView q32 = new_xyz ? float32_copy(ctx, *new_xyz) : TensorView{};
     TensorView dist32 = float32_scratch(ctx, dist);
-    knn<float>(ctx, k, xyz32, offset, new_xyz ? &q32 : nullptr, new_offset, idx, dist32.data_as<float>());
+    knn<float>(ctx, k, xyz32, offset, new_xyz ? &q32 : nullptr, new_offset, squared, idx, dist32.data_as<float>());
     return narrow_into(ctx, dist32, dist);
   }
   visit_dtype<float, double>(xyz.dtype, [&](auto zero) {
     using T = decltype(zero);
-    knn<T>(ctx, k, xyz, offset, new_xyz, new_offset, idx, dist.data_as<T>());
+    knn<T>(ctx, k, xyz, offset, new_xyz, new_offset, squared, idx, dist.data_as<T>());
   });
 }
 
