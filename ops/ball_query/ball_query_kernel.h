@@ -1,0 +1,25 @@
+// ball_query's CPU kernel, defined in ball_query_kernel.cc; the op itself is defined in
+// ball_query.cc.
+#pragma once
+
+#include <opbridge/kernel_context.h>
+
+namespace opbridge {
+
+// Runs on inputs the spec has already validated: ranks, dtypes, (B, N, 3) and (B, M, 3) points,
+// nsample >= 1. Checks what only values tell (finite coordinates).
+void ball_query_kernel(KernelContext& ctx, const TensorView& xyz, const TensorView& new_xyz, double radius,
+                       int64_t nsample, TensorView& idx);
+
+// pointops' offset-layout ball query (ball_query.cc says what it returns). Checks what the spec
+// cannot: the optional pair given together, min_radius < max_radius, the offsets' values.
+void ball_query_offset_kernel(KernelContext& ctx, const TensorView& xyz, const TensorView& offset,
+                              const TensorView* new_xyz, const TensorView* new_offset, int64_t nsample,
+                              double max_radius, double min_radius, TensorView& idx, TensorView& dist);
+
+// torch_cluster's radius (ball_query.cc says what it returns). Allocates edge_index (2, pairs).
+// Checks what the spec cannot: the batch vectors' values (non-negative, sorted).
+void radius_kernel(KernelContext& ctx, const TensorView& x, const TensorView& y, const TensorView* batch_x,
+                   const TensorView* batch_y, double r, int64_t max_num_neighbors, TensorView& edge_index);
+
+}  // namespace opbridge
