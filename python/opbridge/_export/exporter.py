@@ -22,7 +22,9 @@ from .._library.registry import libraries
 from .._runtime.inspect import cannot_run
 from .dynamo import DEFAULT_DYNAMO_OPSET, translation_table
 from .functions import add_functions
+from .examples import KeywordsBound, distinct_examples
 from .naming import name_outputs
+from .optimizer import optimize as optimize_program
 from .rules import ExportOptions
 from .torchscript import custom_opsets, options_requested, torchscript_exporter_available
 
@@ -54,6 +56,7 @@ def export(
     extra_translations: dict[Any, Callable] | None = None,
     check: bool = True,
     check_runtime: bool = True,
+    optimize: bool = True,
     verbose: bool = False,
 ) -> onnx.ModelProto:
     """Exports `model` with opbridge's rules using either PyTorch exporter, runs the ONNX checker
@@ -86,6 +89,9 @@ def export(
     installed ONNX Runtime and the loaded op libraries as `opbridge inspect` judges it, and one
     OpbridgeError lists every node they cannot run, with what to do; pass check_runtime=False
     when exporting for another runtime.
+
+    optimize: each exporter's constant folding, and for dynamo onnxscript's rewrite rules unless
+    they would change a value (`d + 1e-8` taken for `d`: then a warning; see _export/optimizer.py).
     """
     if exporter not in EXPORTERS:
         raise OpbridgeError(f"exporter must be one of {', '.join(EXPORTERS)}, got '{exporter}'")
@@ -95,7 +101,7 @@ def export(
     if extra_translations and exporter != "dynamo":
         raise OpbridgeError("extra_translations are onnxscript translations for the dynamo exporter; for the "
                             "TorchScript exporter register a symbolic with torch.onnx.register_custom_op_symbolic")
-    args, kwargs = _distinct_examples(args, kwargs)
+    args, kwargs = distinct_examples(args, kwargs)
     names = list(input_names) if input_names else None
     outs = list(output_names) if output_names else None
     if exporter == "dynamo":
@@ -109,10 +115,12 @@ def export(
         table.update(extra_translations or {})
         with _quiet(verbose), _op_errors(), _missing_ops(), _undeclared_nodes():
             program = torch.onnx.export(model, args, kwargs=kwargs, dynamo=True,
-                                        custom_translation_table=table,
+                                        custom_translation_table=table, optimize=False,
                                         opset_version=opset,
                                         input_names=names, output_names=outs, dynamic_shapes=dynamic_shapes,
                                         verbose=verbose)
+        if optimize:
+            optimize_program(program)
         proto = program.model_proto
     else:
         if not torchscript_exporter_available():
@@ -124,11 +132,11 @@ def export(
             raise OpbridgeError("dynamic_shapes is for the dynamo exporter; the TorchScript exporter takes dynamic_axes")
         if kwargs:
             # The TorchScript exporter passes everything positionally: bind keywords here.
-            model, args = _KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
+            model, args = KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
         buf = io.BytesIO()
         with _quiet(verbose, native_output=True), _op_errors(), _missing_ops(), \
                 options_requested(custom_nodes, portable):
-            torch.onnx.export(model, args, buf, dynamo=False,
+            torch.onnx.export(model, args, buf, dynamo=False, do_constant_folding=optimize,
                               opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
                               input_names=names, output_names=outs, dynamic_axes=dynamic_axes, verbose=verbose)
         proto = onnx.load_from_string(buf.getvalue())
@@ -157,43 +165,6 @@ def _lowest_ir_version(proto: onnx.ModelProto) -> None:
     metadata) are unknown to such runtimes and ignored; the checker still judges the model."""
     needed = onnx.helper.find_min_ir_version_for(list(proto.opset_import), ignore_unknown=True)
     proto.ir_version = min(proto.ir_version, needed)
-
-
-def _distinct_examples(args: tuple, kwargs: dict | None) -> tuple[tuple, dict | None]:
-    """Example tensors that share memory (one tensor passed for several arguments, or views of
-    one storage) become copies of their own: an exporter may wire every use of shared memory to
-    one graph input, and the model would then compute with one value where the caller has
-    several."""
-    seen: set[int] = set()
-
-    def own(t):
-        if not isinstance(t, torch.Tensor) or t.numel() == 0:
-            return t
-        key = t.untyped_storage().data_ptr()
-        if key in seen:
-            return t.clone()
-        seen.add(key)
-        return t
-
-    args, kwargs = torch.utils._pytree.tree_map(own, (args, kwargs))
-    return args, kwargs
-
-
-class _KeywordsBound(torch.nn.Module):
-    """Calls `model(*args, **kwargs)` with the tensors of args and kwargs taken positionally (in
-    the order opbridge names graph inputs) and everything else fixed."""
-
-    def __init__(self, model, args: tuple, kwargs: dict):
-        super().__init__()
-        self.model = model
-        self.spec = torch.utils._pytree.tree_flatten((args, kwargs))
-        self.is_tensor = [isinstance(v, torch.Tensor) for v in self.spec[0]]
-
-    def forward(self, *tensors):
-        it = iter(tensors)
-        leaves = [next(it) if t else v for v, t in zip(self.spec[0], self.is_tensor)]
-        args, kwargs = torch.utils._pytree.tree_unflatten(leaves, self.spec[1])
-        return self.model(*args, **kwargs)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes in the dynamo exporter's messages

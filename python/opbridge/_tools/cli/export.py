@@ -57,6 +57,8 @@ def add_arguments(c) -> None:
                              "(a model that needs no opbridge library for them)")
     c.add_argument("--no-check-runtime", action="store_true",
                    help="do not refuse a model the installed ONNX Runtime cannot run (exporting for another runtime)")
+    c.add_argument("--no-optimize", action="store_true",
+                   help="write the graph as the exporter makes it: no constant folding or rewrite rules")
 
 
 def _dynamic_axes(inputs: Sequence[InputArg], dynamic: Sequence[DynamicArg]) -> dict[str, dict[int, str]] | None:
@@ -117,7 +119,7 @@ def run(args) -> int:
     ob.export(model, example, out, exporter=args.exporter, opset=args.opset,
               input_names=[s.name for s in args.input], output_names=args.output_name or None,
               dynamic_axes=dynamic_axes, custom_nodes=args.custom_nodes, portable=args.portable,
-              check_runtime=not args.no_check_runtime, verbose=args.verbose)
+              check_runtime=not args.no_check_runtime, optimize=not args.no_optimize, verbose=args.verbose)
     progress(f"wrote {out}")
     summarize(out, args.exporter)
     return 0
