@@ -3,7 +3,10 @@ opbridge library) and a comparison with PyTorch eager; exits non-zero on any mis
 
 1. DemoModel (my_add, dual_residual, asinh) at several batch sizes (the batch axis stays dynamic);
 2. CatalogueModel: a point cloud (knn_query, grid_cluster) and an image (deform_conv2d, selu as an
-   ONNX function, resize_bicubic by scales fed at run time) at two point counts and two scales.
+   ONNX function, resize_bicubic by scales fed at run time) at two point counts and two scales;
+3. PointCloudModel: PointNet++'s set abstraction and feature propagation (furthest_point_sampling,
+   ball_query, three_nn, three_interpolate) with torch_cluster's radius pairs (a data-dependent
+   size) counted by segment_coo, at two point counts.
 
     python examples/demo.py [--out DIR] [--export-only DIR]
 """
@@ -116,13 +119,79 @@ def run_catalogue(out: Path) -> list[tuple[str, str, object]]:
     return rows
 
 
+POINT_FEATURES = 8
+
+
+class PointCloudModel(torch.nn.Module):
+    """One set abstraction and one feature propagation step of PointNet++, as its model code writes
+    them: centres by furthest point sampling, a ball of neighbours per centre grouped with
+    torch.gather, a shared MLP and a max over each ball; then the pooled features interpolated back
+    to every point from its three nearest centres (weights 1 / (d + 1e-8), normalised). Also the
+    pairs within the radius as torch_cluster's radius gives them, counted per centre."""
+
+    def __init__(self, npoint: int = 16, radius: float = 0.3, nsample: int = 8, channels: int = POINT_FEATURES):
+        super().__init__()
+        g = torch.Generator().manual_seed(11)
+        self.npoint, self.radius, self.nsample = npoint, radius, nsample
+        self.register_buffer("mlp", torch.randn(channels, channels + 3, generator=g) * 0.3)
+
+    def forward(self, xyz, features):  # xyz (B, N, 3), features (B, C, N)
+        ops = torch.ops.opbridge
+        b, c, _ = features.shape
+        centres = ops.furthest_point_sampling(xyz, self.npoint).long()
+        new_xyz = torch.gather(xyz, 1, centres[..., None].expand(-1, -1, 3))
+        ball = ops.ball_query(xyz, new_xyz, self.radius, self.nsample).long().reshape(b, 1, -1)
+        grouped = torch.gather(features, 2, ball.expand(-1, c, -1))
+        offsets = torch.gather(xyz.transpose(1, 2), 2, ball.expand(-1, 3, -1)) - \
+            new_xyz.transpose(1, 2).repeat_interleave(self.nsample, dim=2)
+        h = torch.relu(torch.einsum("oc,bcx->box", self.mlp, torch.cat([grouped, offsets], 1)))
+        pooled = h.reshape(b, -1, self.npoint, self.nsample).amax(-1)  # (B, C, npoint)
+        dist, nearest = ops.three_nn(xyz, new_xyz)
+        weight = 1.0 / (dist + 1e-8)
+        weight = weight / weight.sum(-1, keepdim=True)
+        upsampled = ops.three_interpolate(pooled, nearest, weight)  # (B, C, N)
+        pairs = ops.radius(xyz[0], new_xyz[0], r=self.radius, max_num_neighbors=self.nsample)
+        counts = ops.segment_coo(torch.ones(pairs.shape[1], 1, dtype=xyz.dtype), pairs[0], self.npoint)
+        return upsampled, pooled, counts
+
+
+POINT_INPUTS, POINT_OUTPUTS = ["xyz", "features"], ["upsampled", "pooled", "counts"]
+POINT_AXES = {"xyz": {1: "n"}, "features": {2: "n"}}
+
+
+def point_cloud_inputs(n_points: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed + n_points)
+    return torch.rand(2, n_points, 3, generator=g), torch.randn(2, POINT_FEATURES, n_points, generator=g)
+
+
+def run_point_cloud(out: Path) -> list[tuple[str, str, object]]:
+    model = PointCloudModel().eval()
+    rows = []
+    print("[opbridge] exporting PointCloudModel (furthest_point_sampling, ball_query, three_nn, three_interpolate, "
+          "radius, segment_coo)")
+    for exporter in opbridge.EXPORTERS:
+        path = out / f"point_cloud_{exporter}.onnx"
+        opbridge.export(model, point_cloud_inputs(64), path, exporter=exporter, input_names=POINT_INPUTS,
+                        output_names=POINT_OUTPUTS, dynamic_axes=POINT_AXES)
+        m = onnx.load(path)
+        kinds = sorted({n.op_type for n in m.graph.node if n.domain == "opbridge"})
+        pairs = next(v for v in m.graph.value_info if v.name == "edge_index").type.tensor_type.shape.dim[1]
+        print(f"[opbridge] {exporter:<11} {path.name}: opbridge::{', '.join(kinds)}; pairs dimension "
+              f"'{pairs.dim_param}'; checker ok")
+        sess = opbridge.session(path)
+        for n_points in (64, 500):
+            report = opbridge.verify(model, point_cloud_inputs(n_points, seed=1), path, sess=sess)
+            rows += [(exporter, f"n={n_points}", o) for o in report.outputs]
+    return rows
+
+
 def print_rows(title: str, rows, case_head: str) -> bool:
     print(f"\n{title}")
-    head = f"{'exporter':<12} {case_head:<14} {'output':<8} {'shape':<16} {'dtype':<8} {'max abs diff':>12} {'max rel diff':>12}  result"
+    head = f"{'exporter':<12} {case_head:<14} {'output':<10} {'shape':<16} {'dtype':<8} {'max abs diff':>12} {'max rel diff':>12}  result"
     print(head + "\n" + "-" * len(head))
     for exporter, case, o in rows:
         verdict = "ok" if o.ok else f"MISMATCH {o.note}".rstrip()
-        print(f"{exporter:<12} {case:<14} {o.name:<8} {str(list(o.shape)):<16} {o.dtype:<8} "
+        print(f"{exporter:<12} {case:<14} {o.name:<10} {str(list(o.shape)):<16} {o.dtype:<8} "
               f"{o.max_abs:>12.3e} {o.max_rel:>12.3e}  {verdict}")
     return all(o.ok for _, _, o in rows)
 
@@ -155,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                     [(e, str(b), o) for e, b, o in rows], "batch")
     ok &= print_rows("CatalogueModel: ONNX Runtime vs PyTorch eager (rtol 1e-4, atol 1e-4)", run_catalogue(out),
                      "points, scale")
+    ok &= print_rows(f"PointCloudModel: ONNX Runtime vs PyTorch eager (rtol {report.rtol:g}, atol {report.atol:g})",
+                     run_point_cloud(out), "points")
     print("\n[opbridge] " + ("PASS: ONNX Runtime matches PyTorch on every output" if ok else "FAIL: mismatch"))
     return 0 if ok else 1
 

@@ -1,6 +1,6 @@
 """The ONNX Runtime compatibility matrix: libopbridge_ort.so in ONNX Runtime 1.17 (the floor),
 1.20, 1.22 and the pinned version, each in a throwaway environment holding only onnxruntime and
-numpy (made here with pip from PyPI, cached between runs), running the demo and the catalogue
+numpy (made here with pip from PyPI, cached between runs), running the demo's three
 models exported by this environment and compared with PyTorch eager outputs saved beforehand.
 
 The environments live in $OPBRIDGE_ORT_ENVS, else ~/.cache/opbridge/ort-envs (one per runtime
@@ -116,6 +116,7 @@ def runtime_python(version: str) -> Path:
 DEMO = dict(input_names=["x", "y"], output_names=["out0", "out1"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
 CATALOGUE = dict(input_names=demo.CATALOGUE_INPUTS, output_names=["idx", "dist", "cluster", "resized"],
                  dynamic_axes={"points": {0: "n"}})
+POINT_CLOUD = dict(input_names=demo.POINT_INPUTS, output_names=demo.POINT_OUTPUTS, dynamic_axes=demo.POINT_AXES)
 # name -> (which model, export arguments)
 CASES = {
     # Default opsets (dynamo 20, TorchScript 17): both load into ONNX Runtime 1.17.
@@ -126,15 +127,21 @@ CASES = {
     "catalogue_dynamo_custom_nodes": ("catalogue", dict(exporter="dynamo", custom_nodes=True, **CATALOGUE)),
     # deform_conv2d as ai.onnx DeformConv (opset 19 on): only runtimes with that kernel.
     "catalogue_dynamo": ("catalogue", dict(exporter="dynamo", **CATALOGUE)),
+    # The point-cloud ops, a data-dependent size among them.
+    "point_cloud_dynamo": ("point_cloud", dict(exporter="dynamo", **POINT_CLOUD)),
+    "point_cloud_torchscript": ("point_cloud", dict(exporter="torchscript", **POINT_CLOUD)),
     # A newer opset than older runtimes have (and IR version 10, which 1.17 lacks).
     "demo_dynamo_opset22": ("demo", dict(exporter="dynamo", opset=22, **DEMO)),
 }
-TOLERANCE = {"demo": (1e-5, 1e-6), "catalogue": (1e-4, 1e-4)}  # float32 sampling rounds differently
+# The catalogue's float32 bicubic and deformable sampling round differently in each runtime.
+TOLERANCE = {"demo": (1e-5, 1e-6), "catalogue": (1e-4, 1e-4), "point_cloud": (1e-5, 1e-6)}
 
 
 def _model_and_inputs(kind: str):
     if kind == "demo":
         return demo.DemoModel().eval(), [demo.example_inputs(b, seed=1) for b in (4, 1, 7)]
+    if kind == "point_cloud":
+        return demo.PointCloudModel().eval(), [demo.point_cloud_inputs(n, seed=1) for n in (64, 500)]
     return demo.CatalogueModel().eval(), [demo.catalogue_inputs(n, s, seed=1) for n, s in ((64, 2.0), (200, 1.5))]
 
 
