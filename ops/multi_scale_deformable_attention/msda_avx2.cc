@@ -1,0 +1,19 @@
+// multi_scale_deformable_attention's loops built for AVX2 (-mavx2 -mfma, given by
+// opbridge_add_op_library to sources named *_avx2.cc on x86-64): the same code as the baseline,
+// vectorised by the compiler over the channels. Called only after a CPU check (best_variant()).
+#include "msda_variants.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include "msda_variant_impl.h"
+
+namespace opbridge::msda_impl {
+Variant avx2_variant() { return this_variant("avx2"); }
+}  // namespace opbridge::msda_impl
+
+#else
+
+namespace opbridge::msda_impl {
+Variant avx2_variant() { return {}; }
+}  // namespace opbridge::msda_impl
+
+#endif
