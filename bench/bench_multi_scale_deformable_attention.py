@@ -61,12 +61,17 @@ class _GridSample(torch.nn.Module):
 
 
 def _inputs(levels, heads=8, channels=32, points=4):
+    """The encoder's inputs: its queries are the positions of every level in order, each sampling
+    every level around its own reference point (the centre of its pixel, normalised) with offsets
+    of about two pixels of the level sampled, as Deformable DETR's learned offsets are."""
     s = sum(h * w for h, w in levels)
     rng = np.random.default_rng(0)
     value = torch.from_numpy(rng.standard_normal((1, s, heads, channels), dtype=np.float32))
-    # Each query samples near its own position, as the encoder's reference points plus small offsets.
-    locations = torch.from_numpy(rng.random((1, s, 1, 1, 1, 2), dtype=np.float32)
-                                 + rng.normal(0, 0.02, (1, s, heads, len(levels), points, 2)).astype(np.float32))
+    refs = np.concatenate([np.stack(np.meshgrid((np.arange(w) + 0.5) / w, (np.arange(h) + 0.5) / h), -1).reshape(-1, 2)
+                           for h, w in levels])  # (S, 2) as (x, y)
+    sizes = np.array([(w, h) for h, w in levels], np.float64)  # (L, 2) as (x, y)
+    offsets = rng.normal(0, 2.0, (1, s, heads, len(levels), points, 2)) / sizes[None, None, None, :, None, :]
+    locations = torch.from_numpy((refs[None, :, None, None, None, :] + offsets).astype(np.float32))
     weights = torch.softmax(torch.from_numpy(rng.standard_normal((1, s, heads, len(levels) * points),
                                                                  dtype=np.float32)), -1)
     return value, locations, weights.reshape(1, s, heads, len(levels), points)

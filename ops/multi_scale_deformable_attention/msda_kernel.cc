@@ -1,7 +1,8 @@
 // multi_scale_deformable_attention's kernels: the levels read and checked, then the loops of the
 // widest variant the CPU runs (msda_variants.h). The forward splits queries over the runtime's
-// pool, each writing its own output rows; the backward gives each (batch item, head) to one task,
-// the only writer of its slice of grad_value, so the result does not depend on the thread count.
+// pool, each writing its own output rows; the backward splits (batch item, head) pairs, each task
+// the only writer of its heads' slices of grad_value, which gather their sums in query order: the
+// result does not depend on the thread count.
 // float16 and bfloat16 run the float32 loops on float32 copies and round each output once.
 #include "msda_kernel.h"
 
@@ -67,14 +68,16 @@ void forward(KernelContext& ctx, const Geometry& g, Rows rows, const T* value, c
   });
 }
 
-template <typename T, typename Head>
-void backward(KernelContext& ctx, const Geometry& g, Head head, const T* grad_output, const T* value,
+template <typename T, typename Heads>
+void backward(KernelContext& ctx, const Geometry& g, Heads heads, const T* grad_output, const T* value,
               const T* locations, const T* weights, T* grad_value, T* grad_locations, T* grad_weights) {
   std::fill(grad_value, grad_value + g.batch * g.spatial * g.heads * g.channels, T(0));
   ctx.parallel_for(g.batch * g.heads, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t)
-      head(g, grad_output, value, locations, weights, t / g.heads, t % g.heads, grad_value, grad_locations,
-           grad_weights);
+    while (lo < hi) {  // the heads of a range, one batch item at a time
+      const int64_t b = lo / g.heads, h = lo % g.heads, end = std::min(hi - lo, g.heads - h);
+      heads(g, grad_output, value, locations, weights, b, h, h + end, grad_value, grad_locations, grad_weights);
+      lo += end;
+    }
   });
 }
 
@@ -107,7 +110,7 @@ void msda_backward_kernel(KernelContext& ctx, const TensorView& grad_output, con
   const Levels lv = read_levels(spatial_shapes, level_start_index, value.dim(1));
   const Geometry g = geometry(value, sampling_locations, lv);
   if (value.dtype == DType::Float64)
-    return backward<double>(ctx, g, msda_impl::backward_head, grad_output.data_as<double>(), value.data_as<double>(),
+    return backward<double>(ctx, g, msda_impl::backward_heads, grad_output.data_as<double>(), value.data_as<double>(),
                             sampling_locations.data_as<double>(), attention_weights.data_as<double>(),
                             grad_value.data_as<double>(), grad_sampling_locations.data_as<double>(),
                             grad_attention_weights.data_as<double>());

@@ -11,10 +11,11 @@ void forward_rows(const Geometry& g, const double* value, const double* location
   forward_rows_any<double>(g, value, locations, weights, b, q_begin, q_end, output);
 }
 
-void backward_head(const Geometry& g, const double* grad_output, const double* value, const double* locations,
-                   const double* weights, int64_t b, int64_t h, double* grad_value, double* grad_locations,
-                   double* grad_weights) {
-  backward_head_any<double>(g, grad_output, value, locations, weights, b, h, grad_value, grad_locations, grad_weights);
+void backward_heads(const Geometry& g, const double* grad_output, const double* value, const double* locations,
+                    const double* weights, int64_t b, int64_t h_begin, int64_t h_end, double* grad_value,
+                    double* grad_locations, double* grad_weights) {
+  backward_heads_any<double>(g, grad_output, value, locations, weights, b, h_begin, h_end, grad_value, grad_locations,
+                             grad_weights);
 }
 
 Variant baseline_variant() { return this_variant("baseline"); }

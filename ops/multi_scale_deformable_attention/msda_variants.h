@@ -23,25 +23,25 @@ template <typename T>
 using ForwardRows = void (*)(const Geometry& g, const T* value, const T* locations, const T* weights, int64_t b,
                              int64_t q_begin, int64_t q_end, T* output);
 
-// For batch item b and head h, over every query: grad_value[b, :, h, :] (added to; zeroed by the
-// caller), and grad_locations and grad_weights of (b, q, h, ...) (written).
+// For batch item b and heads [h_begin, h_end), over every query: grad_value[b, :, h, :] (added to;
+// zeroed by the caller), and grad_locations and grad_weights of (b, q, h, ...) (written).
 template <typename T>
-using BackwardHead = void (*)(const Geometry& g, const T* grad_output, const T* value, const T* locations,
-                              const T* weights, int64_t b, int64_t h, T* grad_value, T* grad_locations,
-                              T* grad_weights);
+using BackwardHeads = void (*)(const Geometry& g, const T* grad_output, const T* value, const T* locations,
+                               const T* weights, int64_t b, int64_t h_begin, int64_t h_end, T* grad_value,
+                               T* grad_locations, T* grad_weights);
 
 struct Variant {
   ForwardRows<float> forward = nullptr;
-  BackwardHead<float> backward = nullptr;
+  BackwardHeads<float> backward = nullptr;
   const char* isa = nullptr;  // null: not in this build
 };
 
 // The loops for float64, and for float32 on the baseline ISA.
 void forward_rows(const Geometry& g, const double* value, const double* locations, const double* weights, int64_t b,
                   int64_t q_begin, int64_t q_end, double* output);
-void backward_head(const Geometry& g, const double* grad_output, const double* value, const double* locations,
-                   const double* weights, int64_t b, int64_t h, double* grad_value, double* grad_locations,
-                   double* grad_weights);
+void backward_heads(const Geometry& g, const double* grad_output, const double* value, const double* locations,
+                    const double* weights, int64_t b, int64_t h_begin, int64_t h_end, double* grad_value,
+                    double* grad_locations, double* grad_weights);
 Variant baseline_variant();
 // Each compiled for its own instruction set: call only on a CPU that has it (<opbridge/cpu.h>).
 // An empty Variant when this build has none.
