@@ -32,5 +32,8 @@ for spec in "${packages[@]}"; do
   say "installing $(basename "$wheel")"
   $py -m pip install -q --no-deps --force-reinstall "$wheel"
 done
+# torch_cluster imports scipy (its nearest()); the version the benchmarks pin.
+scipy=$(grep -E '^scipy==' bench/requirements.txt)
+$py -m pip install -q "$scipy"
 $py -c 'import torch_scatter, torch_cluster; print("[opbridge] oracles:", "torch_scatter", torch_scatter.__version__,
 "torch_cluster", torch_cluster.__version__)'
