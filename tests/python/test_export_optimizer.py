@@ -67,3 +67,19 @@ def test_exact_identities_are_still_removed_and_optimize_false_keeps_them(export
     assert {"Add", "Mul"} <= set(_ops(raw))
     for proto in (optimized, raw):
         np.testing.assert_allclose(_run(proto, x), ExactIdentities()(x).numpy(), rtol=1e-6)
+
+
+def test_verify_points_at_the_optimizer_for_a_nan_eager_does_not_give():
+    # The graph a user gets from onnxscript's rules: 1 / d for 1 / (d + 1e-8).
+    d = torch.tensor([[0.0, 0.5, 2.0]])
+    lost_guard = opbridge.export(LostGuard(), (d,), optimize=False)
+    report = opbridge.verify(InverseDistance(), (d,), lost_guard)
+    assert not report.ok
+    assert report.outputs[0].note.startswith("1 NaN where PyTorch has none: a graph optimisation may have dropped a "
+                                             "guard such as `+ 1e-8`; export with optimize=False to check")
+
+
+class LostGuard(torch.nn.Module):
+    def forward(self, d):
+        w = 1.0 / d
+        return w / w.sum(-1, keepdim=True)

@@ -73,7 +73,12 @@ def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: flo
     max_rel = float(np.max(diff / np.maximum(np.abs(w), np.finfo(np.float64).tiny)))
     with np.errstate(invalid="ignore"):  # rtol * inf is NaN for rtol=0: equal values pass anyway
         ok = bool(same_nan.all() and np.all((diff == 0) | (diff <= atol + rtol * np.abs(w))))
-    return OutputDiff(name, want.shape, str(want.dtype), max_abs, max_rel, ok)
+    new_nans = int(np.count_nonzero(np.isnan(g) & ~np.isnan(w)))
+    # A NaN only ONNX Runtime gives is most often a guard the graph lost on the way (x + 1e-8
+    # folded into x): say where to look.
+    note = (f"{new_nans} NaN where PyTorch has none: a graph optimisation may have dropped a guard such as "
+            "`+ 1e-8`; export with optimize=False to check" if new_nans else "")
+    return OutputDiff(name, want.shape, str(want.dtype), max_abs, max_rel, ok, note)
 
 
 def verify(
