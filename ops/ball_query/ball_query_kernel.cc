@@ -31,19 +31,26 @@ struct Grid {
   int64_t cells[3] = {1, 1, 1};
   std::vector<int64_t> start;  // per cell: its first position in `order` (cells + 1 entries)
   std::vector<int32_t> order;  // point indices, by cell, then index
-  const C* x = nullptr;        // the batch item's points, (n, 3), compute type
+  std::vector<C> xs;           // their coordinates in that order: a cell's points are read in sequence
   int64_t n = 0;
 
   int64_t cell_of(double v, int a) const {  // unclamped, within [-2, cells + 1]
     const double c = std::floor((v - origin[a]) / cell);
     return static_cast<int64_t>(std::clamp(c, -2.0, static_cast<double>(cells[a] + 1)));
   }
+  // The cell a point falls in (its cell_of clamped into the grid), as one index.
+  int64_t cell_index(const C* v) const {
+    int64_t c = 0;
+    for (int a = 2; a >= 0; --a)
+      c = c * cells[a] + std::clamp<int64_t>(cell_of(static_cast<double>(v[a]), a), 0, cells[a] - 1);
+    return c;
+  }
 };
 
 template <typename C>
 Grid<C> build(const C* p, int64_t n, double radius) {
   Grid<C> g;
-  g.x = p, g.n = n;
+  g.n = n;
   double lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0};
   for (int a = 0; a < 3; ++a) {
     lo[a] = std::numeric_limits<double>::infinity(), hi[a] = -lo[a];
@@ -67,16 +74,18 @@ Grid<C> build(const C* p, int64_t n, double radius) {
   std::vector<int64_t> cell_of(static_cast<size_t>(n));
   g.start.assign(static_cast<size_t>(total) + 1, 0);
   for (int64_t k = 0; k < n; ++k) {
-    int64_t c = 0;
-    for (int a = 2; a >= 0; --a)
-      c = c * g.cells[a] + std::clamp<int64_t>(g.cell_of(static_cast<double>(p[k * 3 + a]), a), 0, g.cells[a] - 1);
-    cell_of[k] = c;
-    ++g.start[c + 1];
+    cell_of[k] = g.cell_index(p + k * 3);
+    ++g.start[cell_of[k] + 1];
   }
   for (int64_t c = 0; c < total; ++c) g.start[c + 1] += g.start[c];
   g.order.resize(static_cast<size_t>(n));
+  g.xs.resize(static_cast<size_t>(n) * 3);
   std::vector<int64_t> fill(g.start.begin(), g.start.end() - 1);
-  for (int64_t k = 0; k < n; ++k) g.order[fill[cell_of[k]]++] = static_cast<int32_t>(k);  // by index within a cell
+  for (int64_t k = 0; k < n; ++k) {  // by index within a cell
+    const int64_t i = fill[cell_of[k]]++;
+    g.order[i] = static_cast<int32_t>(k);
+    for (int a = 0; a < 3; ++a) g.xs[i * 3 + a] = p[k * 3 + a];
+  }
   return g;
 }
 
@@ -89,17 +98,16 @@ void for_each_near(const Grid<C>& g, const C* q, F&& f) {
     const int64_t c = g.cell_of(static_cast<double>(q[a]), a);
     lo[a] = std::max<int64_t>(c - 1, 0), hi[a] = std::min<int64_t>(c + 1, g.cells[a] - 1);
   }
+  // The cells of a row (along x) are consecutive: one run of points per row, nine in all.
   for (int64_t cz = lo[2]; cz <= hi[2]; ++cz)
-    for (int64_t cy = lo[1]; cy <= hi[1]; ++cy)
-      for (int64_t cx = lo[0]; cx <= hi[0]; ++cx) {
-        const int64_t c = (cz * g.cells[1] + cy) * g.cells[0] + cx;
-        for (int64_t i = g.start[c]; i < g.start[c + 1]; ++i) {
-          const int32_t k = g.order[i];
-          const C* p = g.x + static_cast<int64_t>(k) * 3;
-          const C dx = q[0] - p[0], dy = q[1] - p[1], dz = q[2] - p[2];
-          f(k, dx * dx + dy * dy + dz * dz);
-        }
+    for (int64_t cy = lo[1]; cy <= hi[1]; ++cy) {
+      const int64_t row = (cz * g.cells[1] + cy) * g.cells[0];
+      for (int64_t i = g.start[row + lo[0]], end = g.start[row + hi[0] + 1]; i < end; ++i) {
+        const C* p = g.xs.data() + i * 3;
+        const C dx = q[0] - p[0], dy = q[1] - p[1], dz = q[2] - p[2];
+        f(g.order[i], dx * dx + dy * dy + dz * dz);
       }
+    }
 }
 
 // The first nsample hits of centre q (by index) into out, padded as pointnet2_ops pads.
@@ -131,6 +139,24 @@ std::vector<C> widened(const TensorView& t, const char* name) {
   return v;
 }
 
+// The centres of each batch item (m per item, item after item) ordered by the grid cell they fall
+// in, stable: a permutation of 0 .. b*m - 1.
+template <typename C>
+std::vector<int64_t> in_cell_order(KernelContext& ctx, const std::vector<Grid<C>>& grids, const C* centres, int64_t m) {
+  const int64_t b = static_cast<int64_t>(grids.size());
+  std::vector<int64_t> visit(static_cast<size_t>(b * m));
+  ctx.parallel_for(b, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const Grid<C>& g = grids[i];
+      std::vector<int64_t> count(g.start.size(), 0), cell(static_cast<size_t>(m));
+      for (int64_t t = 0; t < m; ++t) ++count[(cell[t] = g.cell_index(centres + (i * m + t) * 3)) + 1];
+      for (size_t c = 1; c < count.size(); ++c) count[c] += count[c - 1];
+      for (int64_t t = 0; t < m; ++t) visit[i * m + count[cell[t]]++] = i * m + t;
+    }
+  });
+  return visit;
+}
+
 template <typename C>
 void run(KernelContext& ctx, const TensorView& xyz_t, const TensorView& new_xyz_t, double radius, int64_t nsample,
          TensorView& idx) {
@@ -145,10 +171,14 @@ void run(KernelContext& ctx, const TensorView& xyz_t, const TensorView& new_xyz_
   ctx.parallel_for(b, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) grids[i] = build<C>(xyz.data() + i * n * 3, n, cell_radius);
   });
+  // Centres in the order of their cells, so neighbouring tasks read the same cells from cache.
+  const std::vector<int64_t> visit = in_cell_order(ctx, grids, centres.data(), m);
   ctx.parallel_for(b * m, 64, [&](int64_t lo, int64_t hi) {
     std::vector<int32_t> hits;
-    for (int64_t t = lo; t < hi; ++t)
+    for (int64_t v = lo; v < hi; ++v) {
+      const int64_t t = visit[v];
       query<C>(grids[t / m], centres.data() + t * 3, r2, nsample, hits, out + t * nsample);
+    }
   });
 }
 
@@ -242,31 +272,29 @@ void run_offset(KernelContext& ctx, const TensorView& xyz_t, const std::vector<i
 
 // ---- torch_cluster's radius -------------------------------------------------------------------
 
-// Segment bounds from a sorted batch vector (torch_cluster's batch_x / batch_y): rows of batch
-// item s are [bounds[s], bounds[s + 1]); absent, every row is item 0.
-std::vector<int64_t> batch_bounds(const TensorView* batch, int64_t rows, int64_t items) {
-  std::vector<int64_t> bounds(static_cast<size_t>(items) + 1, 0);
-  if (!batch) {
-    std::fill(bounds.begin() + 1, bounds.end(), rows);
-    return bounds;
-  }
-  const int64_t* v = batch->data_as<int64_t>();
-  for (int64_t i = 0; i < rows; ++i) ++bounds[v[i] + 1];
-  for (int64_t s = 0; s < items; ++s) bounds[s + 1] += bounds[s];
-  return bounds;
-}
+// The rows of one batch item: [begin, end) of a sorted batch vector holding `value` there.
+struct Run {
+  int64_t value, begin, end;
+};
 
-// The number of batch items: one past the largest entry of either batch vector, each checked
-// non-negative and sorted.
-int64_t batch_items(const TensorView* batch, int64_t rows, const char* name) {
-  if (!batch || rows == 0) return batch ? 0 : 1;
+// A sorted batch vector (torch_cluster's batch_x / batch_y) as its runs of equal values, each
+// entry checked non-negative and sorted; absent, every row is item 0. Runs, not a table indexed
+// by item: the largest item number costs nothing, however large.
+std::vector<Run> batch_runs(const TensorView* batch, int64_t rows, const char* name) {
+  std::vector<Run> runs;
+  if (!batch) {
+    if (rows > 0) runs.push_back({0, 0, rows});
+    return runs;
+  }
   const int64_t* v = batch->data_as<int64_t>();
   for (int64_t i = 0; i < rows; ++i) {
     OB_CHECK(v[i] >= 0, name, "[", i, "] = ", v[i], " is negative");
     OB_CHECK(i == 0 || v[i] >= v[i - 1], name, " must be sorted, but ", name, "[", i - 1, "] = ", v[i - 1], " > ", name,
              "[", i, "] = ", v[i]);
+    if (i == 0 || v[i] != v[i - 1]) runs.push_back({v[i], i, i});
+    runs.back().end = i + 1;
   }
-  return v[rows - 1] + 1;
+  return runs;
 }
 
 // Rows of `t` (rows, d) as (rows, 3) in the compute type: the first three coordinates, zeros past d
@@ -283,17 +311,22 @@ template <typename C>
 void run_radius(KernelContext& ctx, const TensorView& x_t, const TensorView& y_t, const TensorView* batch_x,
                 const TensorView* batch_y, double r, int64_t max_neighbours, TensorView& edge_index) {
   const int64_t n = x_t.dim(0), m = y_t.dim(0), d = x_t.dim(1);
-  const int64_t items = std::max(batch_items(batch_x, n, "batch_x"), batch_items(batch_y, m, "batch_y"));
-  const std::vector<int64_t> xb = batch_bounds(batch_x, n, items), yb = batch_bounds(batch_y, m, items);
+  const std::vector<Run> xr = batch_runs(batch_x, n, "batch_x"), yr = batch_runs(batch_y, m, "batch_y");
   const std::vector<C> x = widened<C>(x_t, "x"), y = widened<C>(y_t, "y");
   const std::vector<C> x3 = first_three(x, n, d), y3 = first_three(y, m, d);
   // torch_cluster squares r in double, then its search compares in the points' type.
   const C r2 = static_cast<C>(r * r);
   const double cell = r > 0 && std::isfinite(r) ? r : 1e300;
-  std::vector<Grid<C>> grids(static_cast<size_t>(items));
-  ctx.parallel_for(items, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t s = lo; s < hi; ++s)
-      if (yb[s + 1] > yb[s] && xb[s + 1] > xb[s]) grids[s] = build<C>(x3.data() + xb[s] * 3, xb[s + 1] - xb[s], cell);
+  // Per run of y: the run of x of the same batch item (both sorted: one merge), or none.
+  std::vector<const Run*> partner(yr.size(), nullptr);
+  for (size_t q = 0, p = 0; q < yr.size(); ++q) {
+    while (p < xr.size() && xr[p].value < yr[q].value) ++p;
+    if (p < xr.size() && xr[p].value == yr[q].value) partner[q] = &xr[p];
+  }
+  std::vector<Grid<C>> grids(yr.size());
+  ctx.parallel_for(static_cast<int64_t>(yr.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t q = lo; q < hi; ++q)
+      if (const Run* p = partner[q]) grids[q] = build<C>(x3.data() + p->begin * 3, p->end - p->begin, cell);
   });
   // Queries in fixed chunks, each collecting its pairs in order; the chunks are then joined in
   // order, so the output does not depend on the number of threads.
@@ -303,13 +336,16 @@ void run_radius(KernelContext& ctx, const TensorView& x_t, const TensorView& y_t
     ctx.parallel_for(chunks, 1, [&](int64_t lo, int64_t hi) {
       std::vector<int64_t> hits;
       for (int64_t c = lo; c < hi; ++c) {
-        size_t s = static_cast<size_t>(std::upper_bound(yb.begin(), yb.end(), c * chunk) - yb.begin()) - 1;
+        size_t q = static_cast<size_t>(std::upper_bound(yr.begin(), yr.end(), c * chunk,
+                                                        [](int64_t j, const Run& u) { return j < u.begin; }) -
+                                       yr.begin()) - 1;
         for (int64_t j = c * chunk; j < std::min(m, (c + 1) * chunk); ++j) {
-          while (yb[s + 1] <= j) ++s;
-          if (xb[s + 1] == xb[s]) continue;
+          while (yr[q].end <= j) ++q;
+          const Run* p = partner[q];
+          if (!p) continue;
           hits.clear();
-          for_each_near(grids[s], y3.data() + j * 3, [&](int32_t k, C d2) {
-            const int64_t i = xb[s] + k;
+          for_each_near(grids[q], y3.data() + j * 3, [&](int32_t k, C d2) {
+            const int64_t i = p->begin + k;
             for (int64_t a = 3; a < d; ++a) {  // past three coordinates: the sum goes on in order
               const C diff = y[j * d + a] - x[i * d + a];
               d2 += diff * diff;

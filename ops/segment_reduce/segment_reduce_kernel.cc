@@ -28,7 +28,8 @@ void reduce_typed(KernelContext& ctx, const TensorView& src, const Groups& g, Re
   int64_t* a = arg ? arg->data_as<int64_t>() : nullptr;
   const bool extremum = op == Reduce::Min || op == Reduce::Max;
   const C start = op == Reduce::Max ? -largest<T>() : largest<T>();
-  const int64_t work = std::max<int64_t>(1, (n + 1) * f / std::max<int64_t>(segments, 1));
+  if (segments == 0 || f == 0) return;  // nothing to write (and n may be huge when f is 0)
+  const int64_t work = std::max<int64_t>(1, (n + 1) * f / segments);  // rows·f fits: src is in memory
   ctx.parallel_for(segments, std::max<int64_t>(1, (64 << 10) / work), [&](int64_t lo, int64_t hi) {
     std::vector<C> acc(static_cast<size_t>(f));
     std::vector<int64_t> at(static_cast<size_t>(f));
