@@ -133,10 +133,16 @@ json op_json(const OpSpec& op) {
     outputs.push_back({{"name", o.name}, {"type", o.type}, {"shape", shape_json(o.shape)},
                        {"data_dependent", o.data_dependent()}, {"doc", o.doc}});
   for (const DimCheck& c : op.checks) checks.push_back(check_json(c));
+  json replaces = json::array();
+  for (const PythonOperator& p : op.python_operators) {
+    json fixed = json::object();
+    for (const auto& [name, v] : p.fixed) fixed[name] = value(v);
+    replaces.push_back({{"target", p.target}, {"params", p.params}, {"fixed", std::move(fixed)}});
+  }
   return {{"name", op.name}, {"qualified_name", op.qualified_name()}, {"defines_torch_op", op.defines_torch_op()},
           {"doc", op.doc}, {"export", export_json(op)}, {"types", std::move(types)}, {"inputs", std::move(inputs)},
           {"attributes", std::move(attrs)}, {"outputs", std::move(outputs)}, {"checks", std::move(checks)},
-          {"backward", op.backward}, {"check_op", op.check_op()}};
+          {"backward", op.backward}, {"check_op", op.check_op()}, {"replaces", std::move(replaces)}};
 }
 }  // namespace
 

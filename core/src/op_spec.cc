@@ -45,7 +45,7 @@ AttrKind attr_kind_of(const AttrValue& v) {
 
 // ---- DimExpr --------------------------------------------------------------------------------
 namespace {
-DimExpr make(DimNode n) { return DimExpr{std::make_shared<const DimNode>(std::move(n))}; }
+DimExpr make(DimNode n) { return DimExpr(std::make_shared<const DimNode>(std::move(n))); }
 DimExpr binary(DimNode::Kind k, DimExpr a, DimExpr b) {
   DimNode n{k};
   n.lhs = std::move(a);
@@ -72,10 +72,11 @@ DimExpr attr_at(std::string name, int64_t index) {
   n.value = index;
   return make(std::move(n));
 }
-DimExpr constant(int64_t v) {
-  DimNode n{DimNode::Kind::Const};
-  n.value = v;
-  return make(std::move(n));
+DimExpr constant(int64_t v) { return DimExpr(v); }
+DimExpr::DimExpr(int64_t v) {
+  auto n = std::make_shared<DimNode>(DimNode::Kind::Const);
+  n->value = v;
+  node = std::move(n);
 }
 std::string DimCheck::str() const {
   static constexpr const char* ops[] = {" == ", " >= ", " > ", " <= ", " < "};
@@ -258,6 +259,35 @@ void check_kernel_params(const OpSpec& op) {
 }
 }  // namespace
 
+namespace {
+// Every required input and attribute without a default is bound once, by a parameter or a fixed
+// value of the right kind; nothing else is named.
+void check_python_operator(const OpSpec& op, const PythonOperator& p) {
+  const std::string& t = p.target;
+  OB_CHECK(t.find('.') != std::string::npos && t.front() != '.' && t.back() != '.',
+           "replaces: '", t, "' is not a qualified name such as 'package.module.Function'");
+  std::set<std::string> bound;
+  for (const std::string& name : p.params) {
+    if (name.empty()) continue;
+    OB_CHECK(op.input_index(name) >= 0 || op.attr_index(name) >= 0, "replaces '", t, "': parameter binds '", name,
+             "', which is neither an input nor an attribute");
+    OB_CHECK(bound.insert(name).second, "replaces '", t, "': two parameters bind '", name, "'");
+  }
+  for (const auto& [name, value] : p.fixed) {
+    const int a = op.attr_index(name);
+    OB_CHECK(a >= 0, "replaces '", t, "': fixes '", name, "', which is not an attribute");
+    OB_CHECK(attr_kind_of(value) == op.attrs[a].kind, "replaces '", t, "': the value fixed for '", name,
+             "' is not of its kind");
+    OB_CHECK(bound.insert(name).second, "replaces '", t, "': '", name, "' is both a parameter and fixed");
+  }
+  for (const InputSpec& in : op.inputs)
+    OB_CHECK(in.optional || bound.count(in.name), "replaces '", t, "': no parameter binds input '", in.name, "'");
+  for (const AttrSpec& a : op.attrs)
+    OB_CHECK(a.default_value || bound.count(a.name), "replaces '", t, "': no parameter binds attribute '", a.name,
+             "', which has no default");
+}
+}  // namespace
+
 void validate_spec(const OpSpec& op) {
   check_name("op", op.name);
   OB_CHECK(!op.doc.empty(), "op '", op.name, "' has no doc");
@@ -307,6 +337,7 @@ void validate_spec(const OpSpec& op) {
   if (op.defines_torch_op()) OB_CHECK(op.cpu_kernel, "op '", op.name, "' has no CPU kernel");
   if (op.cpu_kernel) check_kernel_params(op);
   check_export(op);
+  for (const PythonOperator& p : op.python_operators) check_python_operator(op, p);
 }
 
 namespace {

@@ -26,7 +26,10 @@ OPBRIDGE_OP(ball_query)
     .check(attr("nsample") >= 1, "nsample must be >= 1")
     .output("idx", DType::Int32, shape::dims({dim("xyz", 0), dim("new_xyz", 1), attr("nsample")}),
             "(B, M, nsample) indices into each batch item's points")
-    .cpu(ball_query_kernel);
+    .cpu(ball_query_kernel)
+    // BallQuery.forward(ctx, radius, nsample, xyz, new_xyz)
+    .replaces("pointnet2_ops.pointnet2_utils.BallQuery", {"radius", "nsample", "xyz", "new_xyz"})
+    .replaces("openpoints.models.layers.group.BallQuery", {"radius", "nsample", "xyz", "new_xyz"});
 
 OPBRIDGE_OP(ball_query_offset)
     .doc("For each centre, the points of its batch segment at squared distance in [min_radius², max_radius²) or "

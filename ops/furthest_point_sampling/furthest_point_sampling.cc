@@ -98,7 +98,12 @@ OPBRIDGE_OP(furthest_point_sampling)
     .check(attr("tie_threads") >= 0, "tie_threads must be >= 0")
     .output("idx", DType::Int32, shape::dims({dim("xyz", 0), attr("npoint")}),
             "(B, npoint) indices into each batch item's points, in the order picked")
-    .cpu(batched_kernel);
+    .cpu(batched_kernel)
+    // FurthestPointSampling.forward(ctx, xyz, npoint), in pointnet2_ops and in openpoints' copy
+    // (whose CUDA kernel runs 1024 threads and takes points near the origin like any other).
+    .replaces("pointnet2_ops.pointnet2_utils.FurthestPointSampling", {"xyz", "npoint"})
+    .replaces("openpoints.models.layers.subsample.FurthestPointSampling", {"xyz", "npoint"},
+              {{"tie_threads", int64_t{1024}}, {"skip_near_origin", false}});
 
 OPBRIDGE_OP(furthest_point_sampling_offset)
     .doc("Furthest point sampling of each segment of a batch given by cumulative ends (Pointcept's pointops "

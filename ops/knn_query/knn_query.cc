@@ -245,11 +245,14 @@ OPBRIDGE_OP(three_nn)
     .check(dim("unknown", 2) == 3, "unknown must be (B, n, 3)")
     .check(dim("known", 2) == 3, "known must be (B, m, 3)")
     .check(dim("known", 0) == dim("unknown", 0), "known must have the batch size of unknown")
-    .output("dist", "T", shape::dims({dim("unknown", 0), dim("unknown", 1), constant(3)}),
+    .output("dist", "T", shape::dims({dim("unknown", 0), dim("unknown", 1), 3}),
             "(B, n, 3) Euclidean distances, nearest first")
-    .output("idx", DType::Int32, shape::dims({dim("unknown", 0), dim("unknown", 1), constant(3)}),
+    .output("idx", DType::Int32, shape::dims({dim("unknown", 0), dim("unknown", 1), 3}),
             "(B, n, 3) indices into each batch item's known points")
-    .cpu(three_nn_kernel);
+    .cpu(three_nn_kernel)
+    // ThreeNN.forward(ctx, unknown, known) -> (sqrt of the squared distances, int32 indices)
+    .replaces("pointnet2_ops.pointnet2_utils.ThreeNN", {"unknown", "known"})
+    .replaces("openpoints.models.layers.upsampling.ThreeNN", {"unknown", "known"});
 
 OPBRIDGE_OP(knn_query_backward)
     .doc("The gradient of knn_query's distances with respect to xyz and new_xyz (idx is not differentiable).")

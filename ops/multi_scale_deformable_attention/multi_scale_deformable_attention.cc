@@ -59,6 +59,21 @@ OPBRIDGE_OP(multi_scale_deformable_attention_backward)
     .output("grad_attention_weights", "T", shape::same({"attention_weights"}), "(B, Q, H, L, P)")
     .cpu(msda_backward_kernel);
 
+namespace {
+// transformers' detection models hold a MultiScaleDeformableAttention module whose forward(self,
+// value, value_spatial_shapes, value_spatial_shapes_list, level_start_index, sampling_locations,
+// attention_weights, im2col_step) is the grid_sample path (the class is also a hub-kernel hook,
+// which swaps the forward only where the `kernels` package is installed and asked to). The rule
+// replaces the class's forward; the list of shapes repeats the tensor, and im2col_step only
+// batches the CUDA kernel's work.
+void transformers_modules(OpBuilder& op) {
+  for (const char* model : {"deformable_detr", "grounding_dino", "mm_grounding_dino", "rt_detr", "lw_detr", "rf_detr",
+                            "omdet_turbo", "pp_doclayout_v2", "pp_doclayout_v3", "pp_doclayout_v4"})
+    op.replaces(std::string("transformers.models.") + model + ".modeling_" + model + ".MultiScaleDeformableAttention.forward",
+                {"value", "spatial_shapes", "", "level_start_index", "sampling_locations", "attention_weights", ""});
+}
+}  // namespace
+
 OPBRIDGE_OP(multi_scale_deformable_attention)
     .doc("Multi-scale deformable attention (Deformable DETR's MSDeformAttn core): for each query and head, the sum "
          "over levels and points of attention_weights times value sampled bilinearly at sampling_locations (zero "
@@ -67,6 +82,7 @@ OPBRIDGE_OP(multi_scale_deformable_attention)
     .output("output", "T", shape::dims({dim("value", 0), dim("sampling_locations", 1), dim("value", 2) * dim("value", 3)}),
             "(B, Q, H*D)")
     .cpu(msda_kernel)
-    .backward("multi_scale_deformable_attention_backward");
+    .backward("multi_scale_deformable_attention_backward")
+    .with(transformers_modules);
 
 }  // namespace opbridge

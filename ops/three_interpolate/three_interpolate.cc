@@ -125,6 +125,9 @@ OPBRIDGE_OP(three_interpolate)
     .with(shapes)
     .output("out", "T", shape::dims({dim("features", 0), dim("features", 1), dim("idx", 1)}), "(B, c, n)")
     .cpu(three_interpolate_kernel)
-    .backward("three_interpolate_backward");
+    .backward("three_interpolate_backward")
+    // ThreeInterpolate.forward(ctx, features, idx, weight)
+    .replaces("pointnet2_ops.pointnet2_utils.ThreeInterpolate", {"features", "idx", "weight"})
+    .replaces("openpoints.models.layers.upsampling.ThreeInterpolate", {"features", "idx", "weight"});
 
 }  // namespace opbridge

@@ -42,6 +42,7 @@ _API = {
     "._export.schemas": ("declare_node",),
     "._export.torchscript": ("custom_opsets", "torchscript_exporter_available"),
     "._export.loading": ("load_library",),
+    "._export.substitution": ("Substitution", "substitute", "substitution_rules", "substitutions"),
     "._tools.build": ("load", "load_inline"),
 }
 _MODULE_OF = {name: module for module, names in _API.items() for name in names}
@@ -105,6 +106,7 @@ __all__ = [
     "OpInfo",
     "OpbridgeError",
     "OutputDiff",
+    "Substitution",
     "VerifyReport",
     "add_functions",
     "all_ops",
@@ -121,6 +123,9 @@ __all__ = [
     "load_torch",
     "session",
     "session_options",
+    "substitute",
+    "substitution_rules",
+    "substitutions",
     "torch_deferred",
     "torchscript_exporter_available",
     "translation_table",

@@ -85,6 +85,15 @@ TEST(ShapeInference, CheckedArithmeticAndFloorDivision) {
   EXPECT_NE(error_of([] { T::add(INT64_MAX, 1); }).find("overflows"), std::string::npos);
 }
 
+TEST(ShapeRules, IntegersAreConstants) {
+  // shape::dims({dim(...), 3}) and 2 * dim(...) read as constant(3) and constant(2) * dim(...).
+  const ShapeRule r = shape::dims({dim("x", 0), 3, 2 * dim("x", 1), dim("x", 1) + 1});
+  const ShapeRule same = shape::dims({dim("x", 0), constant(3), constant(2) * dim("x", 1), dim("x", 1) + constant(1)});
+  EXPECT_EQ(r.str(), same.str());
+  EXPECT_EQ(r.dims[1].node->kind, DimNode::Kind::Const);
+  EXPECT_EQ(r.dims[1].node->value, 3);
+}
+
 TEST(ShapeInference, DimsRuleWithOptionalFallbackAndAttrs) {
   OpSpec op = conv_like();
   std::vector<AttrValue> attrs = resolve_attrs(op, {std::nullopt, AttrValue{int64_t{3}}});
@@ -216,6 +225,31 @@ TEST(KernelBinding, ParametersMustBeTheSignature) {
     run_kernel(op, {&a, given}, attrs, host);
     EXPECT_EQ(host.outputs[0].values<float>(), (std::vector<float>{7, given ? 9.0f : -1.0f, 4 + 0.5f + 2}));
   }
+}
+
+// A Python-level operator's parameters bind the op's inputs and attributes by name: every
+// required one once, nothing the op does not have, fixed values of the attribute's kind.
+TEST(PythonOperators, ParametersBindTheSignature) {
+  auto builder = [] {
+    return OpBuilder("bound").doc("d").types("T", {DType::Float32}).input("a", "T", "").optional_input("b", "T", "")
+        .int_attr("k", "").bool_attr("flag", false, "").output("y", "T", shape::same({"a"}), "")
+        .cpu(+[](KernelContext&, const TensorView&, const TensorView*, int64_t, bool, TensorView&) {});
+  };
+  EXPECT_EQ(error_of([&] { validate_spec(spec_of(builder().replaces("pkg.mod.Fn", {"k", "", "a"}, {{"flag", true}}))); }), "");
+  EXPECT_EQ(error_of([&] { validate_spec(spec_of(builder().replaces("Fn", {"a", "k"}))); }),
+            "replaces: 'Fn' is not a qualified name such as 'package.module.Function'");
+  EXPECT_EQ(error_of([&] { validate_spec(spec_of(builder().replaces("pkg.Fn", {"a", "kk"}))); }),
+            "replaces 'pkg.Fn': parameter binds 'kk', which is neither an input nor an attribute");
+  EXPECT_EQ(error_of([&] { validate_spec(spec_of(builder().replaces("pkg.Fn", {"a", "a", "k"}))); }),
+            "replaces 'pkg.Fn': two parameters bind 'a'");
+  EXPECT_EQ(error_of([&] { validate_spec(spec_of(builder().replaces("pkg.Fn", {"k"}))); }),
+            "replaces 'pkg.Fn': no parameter binds input 'a'");
+  EXPECT_EQ(error_of([&] { validate_spec(spec_of(builder().replaces("pkg.Fn", {"a"}))); }),
+            "replaces 'pkg.Fn': no parameter binds attribute 'k', which has no default");
+  EXPECT_EQ(error_of([&] { validate_spec(spec_of(builder().replaces("pkg.Fn", {"a", "k"}, {{"flag", int64_t{1}}}))); }),
+            "replaces 'pkg.Fn': the value fixed for 'flag' is not of its kind");
+  EXPECT_EQ(error_of([&] { validate_spec(spec_of(builder().replaces("pkg.Fn", {"a", "k"}, {{"k", int64_t{1}}}))); }),
+            "replaces 'pkg.Fn': 'k' is both a parameter and fixed");
 }
 
 TEST(Names, CamelCase) {

@@ -25,3 +25,15 @@ def test_doc_signature_is_pytorchs(op):
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     quoted = [" ".join(q.split()) for q in re.findall(r"`([^`]+)`", text)]
     assert schema in quoted, f"docs/ops/{op.name}.md does not state PyTorch's signature `{schema}`"
+
+
+REPLACING = [op for op in opbridge.builtin.ops if op.replaces]
+
+
+@pytest.mark.parametrize("op", REPLACING, ids=[op.name for op in REPLACING])
+def test_doc_names_every_python_operator_the_op_replaces(op):
+    doc = f"docs/ops/{DOC_OF.get(op.name, op.name)}.md"
+    text = re.sub(r"```.*?```", "", (ROOT / doc).read_text(), flags=re.S)
+    quoted = {" ".join(q.split()) for q in re.findall(r"`([^`]+)`", text)}
+    missing = [p.target for p in op.replaces if p.target not in quoted]
+    assert not missing, f"{doc} does not name the substitution targets of {op.name}: {missing}"

@@ -1,23 +1,20 @@
 """The ONNX Runtime compatibility matrix: libopbridge_ort.so in ONNX Runtime 1.17 (the floor),
 1.20, 1.22 and the pinned version, each in a throwaway environment holding only onnxruntime and
-numpy (made here with pip from PyPI, cached between runs), running the demo's three
-models exported by this environment and compared with PyTorch eager outputs saved beforehand.
+numpy (made here with pip from PyPI, cached between runs), running the demo's three models and
+OtherForms (the ops those do not call), exported by this environment and compared with PyTorch
+eager outputs saved beforehand.
 
-The environments live in $OPBRIDGE_ORT_ENVS, else ~/.cache/opbridge/ort-envs (one per runtime
-and Python version); delete the folder to make them again. Without them and without PyPI the
-matrix skips, saying so.
+The environments are tests/python/envs.py's (cached; without them and without PyPI the matrix
+skips, saying so).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +23,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
+import envs
 import opbridge
 from opbridge._runtime.session import newer_than_runtime
 
@@ -62,54 +60,9 @@ def _version(v: str) -> tuple[int, int]:
 
 
 # ---- the throwaway environments ---------------------------------------------------------------
-def _envs_dir() -> Path:
-    env = os.environ.get("OPBRIDGE_ORT_ENVS")
-    if env:
-        return Path(env)
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "opbridge" / "ort-envs"
-
-
-def _index_url() -> str:
-    r = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True,
-                       text=True)
-    return os.environ.get("PIP_INDEX_URL") or (r.stdout.strip() if r.returncode == 0 else "") or \
-        "https://pypi.org/simple/"
-
-
-@functools.lru_cache(maxsize=None)
-def _unreachable(url: str) -> str | None:
-    """Why the package index cannot be reached, or None when it answers."""
-    try:
-        urllib.request.urlopen(url.rstrip("/") + "/onnxruntime/", timeout=15).close()
-    except OSError as e:  # URLError, timeouts, refused connections
-        return str(getattr(e, "reason", e))
-    return None
-
-
 def runtime_python(version: str) -> Path:
-    """The python of an environment with onnxruntime==version (made once, then reused)."""
-    py = f"py{sys.version_info.major}{sys.version_info.minor}"
-    home = _envs_dir() / f"{py}-onnxruntime-{version}"
-    python = home / "bin" / "python"
-    if (home / "ready").is_file():
-        return python
-    url = _index_url()
-    why = _unreachable(url)
-    if why:
-        pytest.skip(f"the package index {url} is unreachable ({why}): cannot make an environment with "
-                    f"onnxruntime=={version}")
-    # Made beside its final place and renamed, so an interrupted run leaves nothing half made.
-    tmp = home.with_name(home.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True, capture_output=True)
-    r = subprocess.run([str(tmp / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                        f"onnxruntime=={version}", RUNTIMES[version]], capture_output=True, text=True)
-    assert r.returncode == 0, f"pip could not install onnxruntime=={version}:\n{r.stdout}{r.stderr}"
-    (tmp / "ready").write_text(f"onnxruntime=={version} {RUNTIMES[version]}\n")
-    shutil.rmtree(home, ignore_errors=True)
-    tmp.rename(home)
-    return python
+    """The python of an environment with onnxruntime==version and numpy alone."""
+    return envs.python_with(f"onnxruntime-{version}", [f"onnxruntime=={version}", RUNTIMES[version]])
 
 
 # ---- the models, their inputs and eager outputs -------------------------------------------------
@@ -117,6 +70,43 @@ DEMO = dict(input_names=["x", "y"], output_names=["out0", "out1"], dynamic_axes=
 CATALOGUE = dict(input_names=demo.CATALOGUE_INPUTS, output_names=["idx", "dist", "cluster", "resized"],
                  dynamic_axes={"points": {0: "n"}})
 POINT_CLOUD = dict(input_names=demo.POINT_INPUTS, output_names=demo.POINT_OUTPUTS, dynamic_axes=demo.POINT_AXES)
+
+
+class OtherForms(torch.nn.Module):
+    """The forward ops the demo's models do not call: pointops' and torch_cluster's layouts of
+    sampling and grouping (data-dependent pick counts), pytorch3d's kNN, torch_scatter's other
+    reductions, and Deformable DETR's attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("shapes", torch.tensor([[4, 5], [2, 3]]))
+        self.register_buffer("starts", torch.tensor([0, 20]))
+
+    def forward(self, xyz, offset, feats, value, locations, weights):
+        ops = torch.ops.opbridge
+        dists, idx = ops.knn_points(xyz[None], xyz[None], K=4)
+        picks = ops.furthest_point_sampling_offset(xyz, offset, offset // 4)
+        ptr = torch.cat([offset.new_zeros(1), offset]).long()
+        sampled = ops.furthest_point_sampling_ratio(xyz, ptr, ratio=0.25)
+        ball, ball_dist = ops.ball_query_offset(xyz, offset, nsample=8, max_radius=0.3)
+        mean = ops.segment_csr(feats, ptr, "mean")
+        top, top_row = ops.segment_csr_arg(feats, ptr, "max")
+        low, low_row = ops.scatter_reduce_arg(feats, ball[:, 1].long().clamp(min=0) % 16, 16, "min")
+        attention = ops.multi_scale_deformable_attention(value, self.shapes, self.starts, locations, weights)
+        return dists, idx, picks, sampled, ball, ball_dist, mean, top, top_row, low, low_row, attention
+
+
+OTHER_OUTPUTS = ["dists", "idx", "picks", "sampled", "ball", "ball_dist", "mean", "top", "top_row", "low", "low_row",
+                 "attention"]
+OTHER_FORMS = dict(input_names=["xyz", "offset", "feats", "value", "locations", "weights"], output_names=OTHER_OUTPUTS,
+                   dynamic_axes={"xyz": {0: "n"}, "feats": {0: "n"}})
+
+
+def other_forms_inputs(n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed + n)
+    return (torch.rand(n, 3, generator=g), torch.tensor([n // 2, n], dtype=torch.int32),
+            torch.randn(n, 5, generator=g), torch.randn(1, 26, 2, 8, generator=g),
+            torch.rand(1, 6, 2, 2, 3, 2, generator=g) * 1.2 - 0.1, torch.rand(1, 6, 2, 2, 3, generator=g))
 # name -> (which model, export arguments)
 CASES = {
     # Default opsets (dynamo 20, TorchScript 17): both load into ONNX Runtime 1.17.
@@ -130,11 +120,13 @@ CASES = {
     # The point-cloud ops, a data-dependent size among them.
     "point_cloud_dynamo": ("point_cloud", dict(exporter="dynamo", **POINT_CLOUD)),
     "point_cloud_torchscript": ("point_cloud", dict(exporter="torchscript", **POINT_CLOUD)),
+    "other_forms_dynamo": ("other_forms", dict(exporter="dynamo", **OTHER_FORMS)),
+    "other_forms_torchscript": ("other_forms", dict(exporter="torchscript", **OTHER_FORMS)),
     # A newer opset than older runtimes have (and IR version 10, which 1.17 lacks).
     "demo_dynamo_opset22": ("demo", dict(exporter="dynamo", opset=22, **DEMO)),
 }
 # The catalogue's float32 bicubic and deformable sampling round differently in each runtime.
-TOLERANCE = {"demo": (1e-5, 1e-6), "catalogue": (1e-4, 1e-4), "point_cloud": (1e-5, 1e-6)}
+TOLERANCE = {"demo": (1e-5, 1e-6), "catalogue": (1e-4, 1e-4), "point_cloud": (1e-5, 1e-6), "other_forms": (1e-5, 1e-6)}
 
 
 def _model_and_inputs(kind: str):
@@ -142,6 +134,8 @@ def _model_and_inputs(kind: str):
         return demo.DemoModel().eval(), [demo.example_inputs(b, seed=1) for b in (4, 1, 7)]
     if kind == "point_cloud":
         return demo.PointCloudModel().eval(), [demo.point_cloud_inputs(n, seed=1) for n in (64, 500)]
+    if kind == "other_forms":
+        return OtherForms().eval(), [other_forms_inputs(n, seed=1) for n in (64, 400)]
     return demo.CatalogueModel().eval(), [demo.catalogue_inputs(n, s, seed=1) for n, s in ((64, 2.0), (200, 1.5))]
 
 

@@ -171,6 +171,17 @@ class OpBuilder {
     spec_.export_as.function_body = std::move(body);
     return *this;
   }
+  // A Python-level operator that model code calls for this op, e.g.
+  //   .replaces("package.ops.Pooling", {"size", "", "x"})
+  // for `class Pooling(Function): def forward(ctx, size, step, x)`: each of the
+  // target's parameters (without ctx or self) names the input or attribute it binds, or is ""
+  // (not needed). `fixed` sets attributes to what the target's semantics pin down. See
+  // PythonOperator; the target must return what this op returns.
+  OpBuilder& replaces(std::string target, std::vector<std::string> params,
+                      std::vector<std::pair<std::string, AttrValue>> fixed = {}) {
+    spec_.python_operators.push_back({std::move(target), std::move(params), std::move(fixed)});
+    return *this;
+  }
   // The op already exists in PyTorch ("aten::<name>", or another library's op): opbridge
   // defines nothing in PyTorch and only adds its export rules.
   OpBuilder& existing_torch_op(std::string qualified) { spec_.existing_torch_op = std::move(qualified); return *this; }

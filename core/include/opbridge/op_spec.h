@@ -38,6 +38,11 @@ struct AttrSpec {
 // sizes (PyTorch's Meta kernel under torch.export), see shape_infer.h.
 struct DimNode;
 struct DimExpr {
+  DimExpr() = default;
+  explicit DimExpr(std::shared_ptr<const DimNode> n) : node(std::move(n)) {}
+  // An integer is a constant: shape::dims({dim("x", 0), 3}) (as constant(3)).
+  DimExpr(int64_t v);  // NOLINT(google-explicit-constructor)
+  DimExpr(int v) : DimExpr(static_cast<int64_t>(v)) {}  // NOLINT(google-explicit-constructor)
   std::shared_ptr<const DimNode> node;
   std::string str() const;
 };
@@ -192,6 +197,19 @@ struct ExportSpec {
   int function_opset = 0;         // ai.onnx opset the body needs at least
 };
 
+// ---- Python-level operators ----------------------------------------------------------------
+// An operator that model code calls in this op's place: an autograd.Function over a compiled
+// extension (often CUDA-only or not installed), a module's function, a class's method. Inside
+// opbridge.substitutions() — which opbridge.export enters — its calls run this op instead (see
+// OpBuilder::replaces). Its parameters, in order and without ctx or self, bind this op's inputs
+// and attributes by name; "" marks one the op does not need (a CUDA kernel's batching step).
+struct PythonOperator {
+  std::string target;               // "package.module.Name", or "package.module.Class.method"
+  std::vector<std::string> params;  // per parameter of the target: an input or attribute of this op, or ""
+  // Attributes the target's semantics fix (a copy of a kernel that breaks ties its own way).
+  std::vector<std::pair<std::string, AttrValue>> fixed;
+};
+
 // ---- the kernel -----------------------------------------------------------------------------
 // A kernel is a function whose parameters after the KernelContext are the op's signature in its
 // order: inputs, attributes, outputs (see OpBuilder::cpu in op.h). What each parameter takes,
@@ -223,6 +241,7 @@ struct OpSpec {
   Kernel cpu_kernel;
   // The op of this library that computes the gradient (see OpBuilder::backward); "": none.
   std::string backward;
+  std::vector<PythonOperator> python_operators;  // what substitution routes here
 
   const TypeConstraint& type(const std::string& name) const;
   int input_index(std::string_view name) const;  // -1 when absent

@@ -26,6 +26,8 @@ from .examples import KeywordsBound, distinct_examples
 from .naming import name_outputs
 from .optimizer import optimize as optimize_program
 from .rules import ExportOptions
+from .input_types import agree_input_types
+from .substitution import substitutions
 from .torchscript import custom_opsets, options_requested, torchscript_exporter_available
 
 EXPORTERS = ("dynamo", "torchscript")
@@ -90,6 +92,9 @@ def export(
     OpbridgeError lists every node they cannot run, with what to do; pass check_runtime=False
     when exporting for another runtime.
 
+    Python-level operators with a substitution rule (opbridge.substitute) are traced as their
+    replacements: see opbridge.substitutions.
+
     optimize: each exporter's constant folding, and for dynamo onnxscript's rewrite rules unless
     they would change a value (`d + 1e-8` taken for `d`: then a warning; see _export/optimizer.py).
     """
@@ -113,7 +118,7 @@ def export(
         opset = opset or DEFAULT_DYNAMO_OPSET
         table = translation_table(opset=opset, custom_nodes=custom_nodes, portable=portable)
         table.update(extra_translations or {})
-        with _quiet(verbose), _op_errors(), _missing_ops(), _undeclared_nodes():
+        with _quiet(verbose), _op_errors(), _missing_ops(), _undeclared_nodes(), substitutions():
             program = torch.onnx.export(model, args, kwargs=kwargs, dynamo=True,
                                         custom_translation_table=table, optimize=False,
                                         opset_version=opset,
@@ -135,11 +140,12 @@ def export(
             model, args = KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
         buf = io.BytesIO()
         with _quiet(verbose, native_output=True), _op_errors(), _missing_ops(), \
-                options_requested(custom_nodes, portable):
+                options_requested(custom_nodes, portable), substitutions():
             torch.onnx.export(model, args, buf, dynamo=False, do_constant_folding=optimize,
                               opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
                               input_names=names, output_names=outs, dynamic_axes=dynamic_axes, verbose=verbose)
         proto = onnx.load_from_string(buf.getvalue())
+        agree_input_types(proto)
     add_functions(proto)
     name_outputs(proto, keep=set(outs or ()))
     _lowest_ir_version(proto)

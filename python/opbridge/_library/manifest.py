@@ -137,6 +137,16 @@ class OnnxFunction:
 
 
 @dataclasses.dataclass(frozen=True)
+class PythonOperator:
+    """A Python-level operator that model code calls in the op's place (an autograd.Function, a
+    function, a method), which substitution routes to the op."""
+
+    target: str  # "package.module.Name" or "package.module.Class.method"
+    params: tuple[str, ...]  # per parameter of the target (no ctx or self): the op's input or attribute, or ""
+    fixed: tuple[tuple[str, Any], ...]  # attributes the target's semantics fix
+
+
+@dataclasses.dataclass(frozen=True)
 class OpInfo:
     """One op of a library, as its manifest describes it."""
 
@@ -162,6 +172,7 @@ class OpInfo:
     # The validation-only op the torch adapter defines beside an op with a data-dependent output
     # (its fake kernel calls it first); "": none.
     check_op: str = ""
+    replaces: tuple[PythonOperator, ...] = ()
 
     def type_constraint(self, name: str) -> TypeConstraint:
         return _named(self.types, name, f"{self.qualified_name} has no type constraint")
@@ -323,4 +334,7 @@ def _op(lib: Library, m: dict) -> OpInfo:
         checks=tuple(check_from_json(c) for c in m["checks"]),
         backward=m["backward"],
         check_op=m["check_op"],
+        replaces=tuple(PythonOperator(p["target"], tuple(p["params"]),
+                                      tuple((k, _frozen(v)) for k, v in p["fixed"].items()))
+                       for p in m.get("replaces", ())),  # absent from libraries built before it
     )

@@ -1,0 +1,241 @@
+"""Substitution of Python-level operators, so a model exports and runs with its code untouched.
+
+Model code rarely calls a TORCH_LIBRARY op. It calls an autograd.Function over a compiled
+extension (pointnet2_ops' sampling and grouping, mmcv's ModulatedDeformConv2dFunction) or a plain
+function (mmcv.ops.modulated_deform_conv2d), often one whose extension is CUDA-only or missing.
+No dispatcher rule sees those calls: a rule here is keyed on the operator's qualified name and
+gives a replacement written on opbridge's ops, taking the same arguments. An op's definition
+declares the operators it replaces (OpBuilder::replaces: the target's parameters bound to the op's
+inputs and attributes); `substitute` adds a rule from Python, and wins over a definition's rule
+for the same target.
+
+Inside `substitutions()` (opbridge.export enters it) every rule whose module is imported is
+applied: the target's own binding (an autograd.Function's `apply`, a module's function, a class's
+method) and every module global bound to it in any imported module (`sample = Sampling.apply`,
+`from package.ops import sample`) point to the replacement;
+all of it is restored when the block ends. The bindings are process-wide for the block's length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import sys
+import threading
+import types
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+from .._library.errors import OpbridgeError
+from .._library.manifest import OpInfo, PythonOperator
+from .._library.registry import libraries
+
+
+@dataclasses.dataclass(frozen=True)
+class Substitution:
+    """Calls of `target` ("package.module.Name", or "package.module.Class.method") run
+    `replacement` with the same arguments while substitutions() is active."""
+
+    target: str
+    replacement: Callable
+    doc: str = ""
+
+
+_RULES: dict[str, Substitution] = {}
+_LOCK = threading.RLock()
+_DEPTH = [0]  # nested substitutions() blocks apply the rules once
+
+
+def substitute(target: str, replacement: Callable | None = None, *, doc: str = ""):
+    """Registers a substitution: inside `opbridge.substitutions()` and `opbridge.export`, calls of
+    `target` (the qualified name of an autograd.Function subclass, a function, or a class's method)
+    run `replacement` with the same arguments. A later rule for the same target replaces the
+    earlier one. Also a decorator: @opbridge.substitute("pkg.mod.Function")."""
+    if not isinstance(target, str) or target.count(".") < 1:
+        raise OpbridgeError(f"substitute: the target is a qualified name such as 'package.module.Function', "
+                            f"got {target!r}")
+
+    def register(fn: Callable) -> Callable:
+        if not callable(fn):
+            raise OpbridgeError(f"substitute({target!r}): the replacement must be callable, got {fn!r}")
+        _RULES[target] = Substitution(target, fn, doc or (inspect.getdoc(fn) or "").split("\n")[0])
+        return fn
+
+    return register if replacement is None else register(replacement)
+
+
+class _OpCall:
+    """The replacement an op's definition declares: calls of the target, bound by the target's
+    own signature (read when the rule is applied), call the op."""
+
+    def __init__(self, op: OpInfo, entry: PythonOperator):
+        self.op, self.entry = op, entry
+
+    def __repr__(self) -> str:
+        return f"{self.op.qualified_name}({', '.join(p or '_' for p in self.entry.params)})"
+
+    def bound_to(self, signature: inspect.Signature | None, drop_first: bool) -> Callable:
+        """The callable installed in the target's place: `signature` is the target's (None: not
+        readable, arguments by position only); drop_first skips a method's self."""
+        op, entry = self.op, self.entry
+        overload = op.overload
+
+        def call(*args, **kwargs):
+            if signature is not None:
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                values = list(bound.arguments.values())
+            elif kwargs:
+                raise OpbridgeError(f"{entry.target}: its signature cannot be read, so {op.qualified_name} takes its "
+                                    f"arguments by position only (got {', '.join(kwargs)} by name)")
+            else:
+                values = list(args)
+            named = dict(entry.fixed)
+            named.update((name, v) for name, v in zip(entry.params, values[1:] if drop_first else values) if name)
+            inputs = [named.pop(i.name, None) for i in op.inputs]  # what is left are attributes
+            return overload(*inputs, **named)
+
+        call.__name__ = call.__qualname__ = entry.target.rsplit(".", 1)[-1]
+        call.__doc__ = f"{entry.target}, substituted by opbridge: {self!r}"
+        return call
+
+
+def _declared() -> dict[str, Substitution]:
+    """The rules the loaded libraries' op definitions declare, by target (a later library's rule
+    for the same target wins)."""
+    return {p.target: Substitution(p.target, _OpCall(op, p), f"{op.qualified_name} ({op.library.name})")
+            for lib in libraries() for op in lib.ops for p in op.replaces}
+
+
+def _rules() -> dict[str, Substitution]:
+    return {**_declared(), **_RULES}  # a rule from substitute() wins
+
+
+def substitution_rules() -> list[Substitution]:
+    """Every substitution: those the op definitions declare, then those registered with
+    substitute() (which replace a declared one for the same target)."""
+    return list(_rules().values())
+
+
+def _signature(fn) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _resolve(target: str):
+    """(owner, attribute name, object) for a target whose module is imported; None otherwise
+    (a rule for a package the process never imported does nothing)."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is None:
+            continue
+        owner = module
+        for name in parts[cut:-1]:
+            owner = getattr(owner, name, None)
+            if owner is None:
+                return None
+        obj = getattr(owner, parts[-1], None)
+        return None if obj is None else (owner, parts[-1], obj)
+    return None
+
+
+def _is_function_class(obj) -> bool:
+    return isinstance(obj, type) and issubclass(obj, torch.autograd.Function)
+
+
+def _same_callable(value, original) -> bool:
+    """Whether a module global is bound to `original` (a function, or a bound method such as a
+    Function's apply), without calling any object's __eq__."""
+    if value is original:
+        return True
+    func, owner = getattr(original, "__func__", None), getattr(original, "__self__", None)
+    return func is not None and getattr(value, "__func__", None) is func and getattr(value, "__self__", None) is owner
+
+
+class _Bindings:
+    """The attributes changed, to be restored in reverse order."""
+
+    def __init__(self):
+        self.changed: list[tuple[object, str, bool, object]] = []  # (owner, name, had own attribute, old value)
+
+    def set(self, owner, name: str, value) -> None:
+        own = name in vars(owner)
+        self.changed.append((owner, name, own, vars(owner).get(name)))
+        setattr(owner, name, value)
+
+    def restore(self) -> None:
+        for owner, name, own, old in reversed(self.changed):
+            if own:
+                setattr(owner, name, old)
+            else:
+                delattr(owner, name)
+        self.changed.clear()
+
+
+def _apply(rule: Substitution, bindings: _Bindings, modules: list[types.ModuleType]) -> bool:
+    found = _resolve(rule.target)
+    if found is None:
+        return False
+    owner, name, obj = found
+    replacement = rule.replacement
+    if _is_function_class(obj):
+        if isinstance(replacement, _OpCall):  # apply(*args) takes forward's parameters after ctx
+            sig = _signature(obj.forward)
+            sig = sig and sig.replace(parameters=list(sig.parameters.values())[1:])
+            replacement = replacement.bound_to(sig, drop_first=False)
+        original = obj.apply
+        bindings.set(obj, "apply", staticmethod(replacement))
+    else:
+        static = inspect.getattr_static(owner, name)
+        if isinstance(replacement, _OpCall):  # a class's function is a method (self first), as a classmethod's
+            func = static.__func__ if isinstance(static, (staticmethod, classmethod)) else static
+            self_first = isinstance(static, classmethod) or (isinstance(owner, type) and not isinstance(static, staticmethod))
+            replacement = replacement.bound_to(_signature(func), drop_first=self_first)
+        bindings.set(owner, name, replacement if not isinstance(static, (staticmethod, classmethod))
+                     else type(static)(replacement))
+        original = obj
+    for module in modules:
+        space = getattr(module, "__dict__", None)
+        if not isinstance(space, dict):
+            continue
+        for key, value in list(space.items()):
+            if callable(value) and _same_callable(value, original):
+                bindings.set(module, key, replacement)
+    return True
+
+
+@contextlib.contextmanager
+def substitutions(only: Iterable[str] | None = None) -> Iterator[list[str]]:
+    """Applies the registered substitutions (or those whose targets `only` names) for the block:
+    the model runs eagerly on opbridge's ops where it calls them (even where the original
+    extension is missing or CUDA-only), and exports with them. Yields the targets applied (rules
+    whose modules are not imported do nothing). Nested blocks apply the rules once."""
+    with _LOCK:
+        if _DEPTH[0]:
+            _DEPTH[0] += 1
+            try:
+                yield []
+            finally:
+                _DEPTH[0] -= 1
+            return
+        rules = _rules()
+        wanted = None if only is None else set(only)
+        unknown = sorted(wanted - set(rules)) if wanted is not None else []
+        if unknown:
+            raise OpbridgeError(f"substitutions(only=...): no rule for {', '.join(unknown)}")
+        bindings, applied = _Bindings(), []
+        modules = list(sys.modules.values())
+        try:
+            for rule in rules.values():
+                if (wanted is None or rule.target in wanted) and _apply(rule, bindings, modules):
+                    applied.append(rule.target)
+            _DEPTH[0] = 1
+            yield applied
+        finally:
+            _DEPTH[0] = 0
+            bindings.restore()

@@ -1,0 +1,78 @@
+"""Throwaway Python environments the tests make with pip from the package index and cache
+between runs: ONNX Runtime releases (tests/python/test_ort_versions.py) and the packages of real
+models (tests/python/test_models.py). Each lives in $OPBRIDGE_TEST_ENVS, else
+~/.cache/opbridge/envs, one folder per name and Python version; delete a folder to make it again.
+Without it and without the index, the test that wants it skips, saying why.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import site
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+
+def envs_dir() -> Path:
+    env = os.environ.get("OPBRIDGE_TEST_ENVS")
+    if env:
+        return Path(env)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "opbridge" / "envs"
+
+
+def index_url() -> str:
+    r = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True,
+                       text=True)
+    return os.environ.get("PIP_INDEX_URL") or (r.stdout.strip() if r.returncode == 0 else "") or \
+        "https://pypi.org/simple/"
+
+
+@functools.lru_cache(maxsize=None)
+def unreachable(url: str, project: str) -> str | None:
+    """Why the package index cannot be reached (asked for `project`), or None when it answers."""
+    try:
+        urllib.request.urlopen(url.rstrip("/") + f"/{project}/", timeout=15).close()
+    except OSError as e:  # URLError, timeouts, refused connections
+        return str(getattr(e, "reason", e))
+    return None
+
+
+def python_with(name: str, requirements: list[str], *, on_top: bool = False) -> Path:
+    """The python of environment `name` holding `requirements` (made once, then reused). on_top:
+    the environment also sees this one's packages (PyTorch, opbridge) and pip installs only what
+    they lack; otherwise it holds the requirements alone."""
+    py = f"py{sys.version_info.major}{sys.version_info.minor}"
+    home = envs_dir() / f"{py}-{name}"
+    python = home / "bin" / "python"
+    wanted = " ".join(requirements) + (" (on top)" if on_top else "") + "\n"
+    if (home / "ready").is_file() and (home / "ready").read_text() == wanted:
+        return python
+    url = index_url()
+    project = requirements[0].split("=")[0].split("<")[0].split(">")[0]
+    why = unreachable(url, project)
+    if why:
+        pytest.skip(f"the package index {url} is unreachable ({why}): cannot make an environment with "
+                    f"{', '.join(requirements)}")
+    # Made beside its final place and renamed, so an interrupted run leaves nothing half made.
+    tmp = home.with_name(home.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True, capture_output=True)
+    if on_top:  # a .pth that adds this environment's site-packages (and runs their .pth files)
+        target = next((tmp / "lib").glob("python*/site-packages"))
+        sites = [p for p in site.getsitepackages() if Path(p).is_dir()]
+        (target / "_opbridge_base.pth").write_text(
+            "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in sites) + "\n")
+    r = subprocess.run([str(tmp / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                        *requirements], capture_output=True, text=True)
+    assert r.returncode == 0, f"pip could not install {' '.join(requirements)}:\n{r.stdout}{r.stderr}"
+    (tmp / "ready").write_text(wanted)
+    shutil.rmtree(home, ignore_errors=True)
+    tmp.rename(home)
+    return python
