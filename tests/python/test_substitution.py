@@ -41,6 +41,11 @@ sample = Sampling.apply
 def lengths(x):
     raise ImportError("the CUDA extension opbridge_test_pkg._ext is not installed")
 
+class Unruled(torch.autograd.Function):  # no rule covers it
+    @staticmethod
+    def forward(ctx, x):
+        raise ImportError("the CUDA extension opbridge_test_pkg._ext is not installed")
+
 class Nearest(torch.autograd.Function):  # two outputs: distances, then indices
     @staticmethod
     def forward(ctx, unknown, known):
@@ -59,6 +64,11 @@ class Model(torch.nn.Module):
         idx = sample(xyz, 4)                      # the alias imported by name
         again = Sampling.apply(xyz, 4)            # the class's own apply
         return idx, again, lengths(xyz), Layer().run(xyz)
+
+class CallsUnruled(torch.nn.Module):
+    def forward(self, x):
+        from opbridge_test_pkg.ops import Unruled
+        return Unruled.apply(x) + 1
 
 class Interpolation(torch.nn.Module):
     def forward(self, unknown, known):
@@ -295,3 +305,15 @@ def test_torchscript_export_casts_back_an_input_its_type_analysis_widened():
     assert len(casts) == 1
     report = opbridge.verify(Attention(), args, proto)
     assert report.ok, report
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_an_operator_no_rule_covers_is_named_with_where_it_is_called(package, exporter):
+    _, model = package
+    with pytest.raises(opbridge.OpbridgeError) as e:
+        opbridge.export(model.CallsUnruled(), (torch.ones(3),), exporter=exporter)
+    text = str(e.value)
+    assert "the model calls the Python-level operator opbridge_test_pkg.ops.Unruled" in text
+    assert "<opbridge_test_pkg.model>:" in text  # the model's call
+    assert "ImportError: the CUDA extension opbridge_test_pkg._ext is not installed" in text
+    assert "@opbridge.substitute('opbridge_test_pkg.ops.Unruled')" in text

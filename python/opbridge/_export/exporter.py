@@ -27,7 +27,7 @@ from .naming import name_outputs
 from .optimizer import optimize as optimize_program
 from .rules import ExportOptions
 from .input_types import agree_input_types
-from .substitution import substitutions
+from .substitution import substitutions, unsubstituted
 from .torchscript import custom_opsets, options_requested, torchscript_exporter_available
 
 EXPORTERS = ("dynamo", "torchscript")
@@ -178,14 +178,18 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes in the dynamo expor
 
 @contextlib.contextmanager
 def _op_errors():
-    """An op's own error ("<ns>::<op>: reason") or opbridge's, raised while an exporter traces the
-    model, is re-raised as itself, not under layers of exporter errors; another failure the dynamo
+    """An error raised inside an autograd.Function no substitution rule covers names it and where
+    the model calls it (substitution.unsubstituted). An op's own error ("<ns>::<op>: reason") or
+    opbridge's, raised while an exporter traces the model, is re-raised as itself, not under layers of exporter errors; another failure the dynamo
     exporter wraps ("Failed to ... Next steps:") becomes its step, node and root cause, in a line."""
     try:
         yield
     except OpbridgeError:
         raise
     except Exception as e:
+        why = unsubstituted(e)
+        if why:
+            raise OpbridgeError(why) from e
         namespaces = {lib.torch_namespace for lib in libraries()}
         cur, seen, node, root = e, set(), "", e
         while cur is not None and id(cur) not in seen:
