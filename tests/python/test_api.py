@@ -54,8 +54,36 @@ def test_verify_reports_a_mismatch():
 
 def test_verify_input_count_mismatch():
     proto = opbridge.export(MyAdd(), (torch.ones(2), torch.ones(2)))
-    with pytest.raises(opbridge.OpbridgeError, match="the ONNX model has 2 inputs, the call passes 1"):
+    with pytest.raises(opbridge.OpbridgeError, match=r"the ONNX model has 2 inputs \(a, b\), the call passes 1 tensors"):
         opbridge.verify(MyAdd(), (torch.ones(2),), proto)
+
+
+class IgnoresScale(torch.nn.Module):
+    def forward(self, a, scale, b):  # scale is never read: an exporter may drop the input
+        return torch.ops.opbridge.my_add(a, b)
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_verify_matches_inputs_by_name_and_lists_the_dropped_ones(exporter):
+    a, scale, b = torch.randn(2, 3), torch.randn(1), torch.randn(2, 3)
+    proto = opbridge.export(IgnoresScale(), (a, scale, b), exporter=exporter, input_names=["a", "scale", "b"])
+    report = opbridge.verify(IgnoresScale(), (a, scale, b), proto)  # names from forward's parameters
+    assert report.ok, report
+    graph_inputs = [i.name for i in proto.graph.input]
+    if "scale" not in graph_inputs:
+        assert report.dropped_inputs == ("scale",) and "scale" in report.table()
+    sess = opbridge.session(proto)
+    got = sess.run(None, {n: t.numpy() for n, t in zip(["a", "scale", "b"], (a, scale, b)) if n in graph_inputs})[0]
+    np.testing.assert_allclose(got, 2 * a.numpy() + b.numpy(), rtol=1e-6)
+
+
+def test_verify_without_names_to_match_says_how():
+    proto = opbridge.export(IgnoresScale(), (torch.ones(2), torch.ones(1), torch.ones(2)), exporter="torchscript",
+                            input_names=["a", "scale", "b"])
+    if len(proto.graph.input) == 3:
+        pytest.skip("this exporter kept the unused input")
+    with pytest.raises(opbridge.OpbridgeError, match="pass input_names= as given to export"):
+        opbridge.verify(lambda *t: IgnoresScale()(*t), (torch.ones(2), torch.ones(1), torch.ones(2)), proto)
 
 
 def test_session_runs_custom_ops_and_threads_option():

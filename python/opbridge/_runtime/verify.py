@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from typing import Any
 
@@ -35,6 +36,9 @@ class VerifyReport:
     atol: float
     # Why ONNX Runtime cannot run the model at all (no outputs then); "" when it ran.
     cannot_run: str = ""
+    # Inputs of the call that the exported graph does not have (an exporter drops an input the
+    # graph never reads); matched by name, the others were fed.
+    dropped_inputs: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -45,6 +49,8 @@ class VerifyReport:
             return f"cannot run: {self.cannot_run}"
         head = f"{'output':<16} {'shape':<16} {'dtype':<8} {'max abs diff':>13} {'max rel diff':>13}  result"
         lines = [head, "-" * len(head)]
+        if self.dropped_inputs:
+            lines.insert(0, f"inputs the exported graph does not take (unused): {', '.join(self.dropped_inputs)}")
         for o in self.outputs:
             verdict = "ok" if o.ok else f"MISMATCH {o.note}".rstrip()
             lines.append(
@@ -90,11 +96,15 @@ def verify(
     rtol: float = 1e-5,
     atol: float = 1e-6,
     sess: ort.InferenceSession | None = None,
+    input_names: list[str] | None = None,
 ) -> VerifyReport:
     """Runs torch eager and ONNX Runtime on the same inputs; reports the largest absolute and
     relative difference per output. A model ONNX Runtime cannot load gives a report that is not
-    ok and says why (`cannot_run`) instead of ONNX Runtime's exception. The tensors of args and kwargs (nested ones too, in order)
-    feed the graph inputs in order; outputs are compared in order of their tensors."""
+    ok and says why (`cannot_run`) instead of ONNX Runtime's exception. The tensors of args and
+    kwargs (nested ones too, in order) feed the graph inputs in order. Where the graph has fewer
+    inputs (an exporter dropped one it never reads), they are matched by name: `input_names` as
+    given to export, else the names of forward's parameters that take a tensor; the report lists
+    the dropped ones. Outputs are compared in order of their tensors."""
     if not isinstance(args, tuple):
         args = (args,)
     kwargs = kwargs or {}
@@ -106,16 +116,36 @@ def verify(
             return VerifyReport([], rtol, atol, _why_not(onnx_model, e))
     tensors = tensor_leaves((args, kwargs))
     names = [i.name for i in sess.get_inputs()]
-    if len(names) != len(tensors):
-        raise OpbridgeError(f"verify: the ONNX model has {len(names)} inputs, the call passes {len(tensors)} tensors")
+    given = list(input_names) if input_names else _parameter_names(model, args, kwargs, len(tensors))
+    if len(names) == len(tensors):
+        pairs, dropped = list(zip(names, tensors)), ()
+    elif given and len(given) == len(tensors) and set(names) <= set(given):
+        pairs = [(n, t) for n, t in zip(given, tensors) if n in names]
+        dropped = tuple(n for n in given if n not in names)
+    else:
+        raise OpbridgeError(f"verify: the ONNX model has {len(names)} inputs ({', '.join(names)}), the call passes "
+                            f"{len(tensors)} tensors" + (f" ({', '.join(given)})" if given else "") +
+                            "; pass input_names= as given to export to match them by name")
     with torch.no_grad():
         want = [t.detach().cpu().numpy() for t in tensor_leaves(model(*args, **kwargs))]
-    feeds = {n: t.detach().cpu().contiguous().numpy() for n, t in zip(names, tensors)}
+    feeds = {n: t.detach().cpu().contiguous().numpy() for n, t in pairs}
     got = sess.run(None, feeds)
     if len(got) != len(want):
         raise OpbridgeError(f"verify: ONNX Runtime returned {len(got)} outputs, PyTorch {len(want)}")
     out_names = [o.name for o in sess.get_outputs()]
-    return VerifyReport([compare(n, g, w, rtol, atol) for n, g, w in zip(out_names, got, want)], rtol, atol)
+    return VerifyReport([compare(n, g, w, rtol, atol) for n, g, w in zip(out_names, got, want)], rtol, atol,
+                        dropped_inputs=dropped)
+
+
+def _parameter_names(model, args: tuple, kwargs: dict, count: int) -> list[str] | None:
+    """The names of forward's parameters, one per tensor of the call, when each tensor is a
+    parameter's whole value (as the dynamo exporter names graph inputs); else None."""
+    try:
+        bound = inspect.signature(getattr(model, "forward", model)).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    names = [n for n, v in bound.arguments.items() if isinstance(v, torch.Tensor)]
+    return names if len(names) == count else None
 
 
 def _why_not(onnx_model, error: Exception) -> str:
