@@ -86,6 +86,21 @@ def test_verify_without_names_to_match_says_how():
         opbridge.verify(lambda *t: IgnoresScale()(*t), (torch.ones(2), torch.ones(1), torch.ones(2)), proto)
 
 
+class TakesADict(torch.nn.Module):
+    def forward(self, data):
+        return torch.ops.opbridge.my_add(data["a"], data["b"])
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_a_dict_argument_is_positional_in_export_and_verify_alike(exporter):
+    data = {"a": torch.randn(2, 3), "b": torch.randn(2, 3)}
+    for args in ((data,), (data, {})):  # torch.onnx.export's trailing "no keywords" marker too
+        proto = opbridge.export(TakesADict(), args, exporter=exporter)
+        assert len(proto.graph.input) == 2
+        report = opbridge.verify(TakesADict(), (data,), proto)
+        assert report.ok and report.outputs[0].max_abs <= 1e-6, report
+
+
 def test_session_runs_custom_ops_and_threads_option():
     proto = opbridge.export(MyAdd(), (torch.ones(2, 3), torch.ones(2, 3)), input_names=["a", "b"])
     sess = opbridge.session(proto, threads=1)

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import torch
 
 from .._library.errors import OpbridgeError
-from .._library.kinds import tensor_leaves
+from .._library.kinds import positional, tensor_leaves
 from .._library.registry import libraries
 from .._runtime.inspect import cannot_run
 from .dynamo import DEFAULT_DYNAMO_OPSET, translation_table
@@ -64,6 +64,9 @@ def export(
     """Exports `model` with opbridge's rules using either PyTorch exporter, runs the ONNX checker
     with full shape inference, saves to `f` if given, and returns the model.
 
+    args are the positional arguments (a tuple; a dict among them, the last one too, is an argument
+    like any other) and kwargs the keyword arguments: opbridge.verify takes the same. A trailing
+    empty dict, torch.onnx.export's "no keyword arguments", is accepted and dropped.
     input_names name the model's tensor inputs in order (positional, then keyword arguments).
     dynamic_axes: {"input name": {axis: "dim name"}} (or [axis, ...]); those axes stay symbolic in
     the ONNX model, and export fails if the exported graph fixes one of them (the dynamo
@@ -100,8 +103,7 @@ def export(
     """
     if exporter not in EXPORTERS:
         raise OpbridgeError(f"exporter must be one of {', '.join(EXPORTERS)}, got '{exporter}'")
-    if not isinstance(args, tuple):
-        args = (args,)
+    args = positional(args)
     ExportOptions(opset or 1, custom_nodes, portable)  # refuses a contradictory choice up front
     if extra_translations and exporter != "dynamo":
         raise OpbridgeError("extra_translations are onnxscript translations for the dynamo exporter; for the "
@@ -119,7 +121,7 @@ def export(
         table = translation_table(opset=opset, custom_nodes=custom_nodes, portable=portable)
         table.update(extra_translations or {})
         with _quiet(verbose), _op_errors(), _missing_ops(), _undeclared_nodes(), substitutions():
-            program = torch.onnx.export(model, args, kwargs=kwargs, dynamo=True,
+            program = torch.onnx.export(model, _torch_args(args), kwargs=kwargs, dynamo=True,
                                         custom_translation_table=table, optimize=False,
                                         opset_version=opset,
                                         input_names=names, output_names=outs, dynamic_shapes=dynamic_shapes,
@@ -141,7 +143,7 @@ def export(
         buf = io.BytesIO()
         with _quiet(verbose, native_output=True), _op_errors(), _missing_ops(), \
                 options_requested(custom_nodes, portable), substitutions():
-            torch.onnx.export(model, args, buf, dynamo=False, do_constant_folding=optimize,
+            torch.onnx.export(model, _torch_args(args), buf, dynamo=False, do_constant_folding=optimize,
                               opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
                               input_names=names, output_names=outs, dynamic_axes=dynamic_axes, verbose=verbose)
         proto = onnx.load_from_string(buf.getvalue())
@@ -162,6 +164,12 @@ def export(
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
+
+
+def _torch_args(args: tuple) -> tuple:
+    """torch.onnx.export reads a trailing dict in args as keyword arguments: a dict that is the
+    last positional argument gets the empty dict after it that says "no keywords"."""
+    return (*args, {}) if args and isinstance(args[-1], dict) else args
 
 
 def _lowest_ir_version(proto: onnx.ModelProto) -> None:

@@ -70,6 +70,16 @@ def dtype_of(dtype) -> DType:
     raise KeyError(f"opbridge has no dtype {dtype}")
 
 
+def positional(args) -> tuple:
+    """A call's positional arguments, one convention for export and verify: a tuple (a single
+    value is wrapped), a dict in it is an argument like any other (keyword arguments go in
+    kwargs=), and a trailing empty dict, torch.onnx.export's marker for "no keyword arguments",
+    is dropped."""
+    if not isinstance(args, tuple):
+        args = (args,)
+    return args[:-1] if args and isinstance(args[-1], dict) and not args[-1] else args
+
+
 def tensor_leaves(tree) -> list:
     """The tensors in a nest of arguments, in order: what an exported graph takes as inputs (and
     gives as outputs), in the order both exporters and verify() use."""

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import torch
 
 from .._library.errors import OpbridgeError
-from .._library.kinds import tensor_leaves
+from .._library.kinds import positional, tensor_leaves
 from .inspect import cannot_run, clean_ort_message
 from .session import session
 
@@ -105,8 +105,7 @@ def verify(
     inputs (an exporter dropped one it never reads), they are matched by name: `input_names` as
     given to export, else the names of forward's parameters that take a tensor; the report lists
     the dropped ones. Outputs are compared in order of their tensors."""
-    if not isinstance(args, tuple):
-        args = (args,)
+    args = positional(args)
     kwargs = kwargs or {}
     if sess is None:
         try:
