@@ -10,7 +10,8 @@ Two layouts, each its own benchmark:
 Rows: the exported model in ONNX Runtime (the subject; thread spinning off), the same torch code
 eager, numpy's take, and the floor: a copy of an output-sized array (np.copyto), which any
 gather must at least write. If ONNX Runtime's node runs within reach of torch and the floor,
-an op of our own has nothing to win.
+an op of our own has nothing to win. The channels-first layout also times opbridge's group_points
+node (the op that pointnet2_ops' GroupingOperation is substituted by).
 """
 
 from __future__ import annotations
@@ -32,12 +33,18 @@ class _GroupChannelsFirst(torch.nn.Module):
         return torch.gather(features, 2, flat).reshape(b, c, s, k)
 
 
+class _GroupPoints(torch.nn.Module):
+    def forward(self, features, idx):
+        return torch.ops.opbridge.group_points(features, idx)
+
+
 class _GroupChannelsLast(torch.nn.Module):
     def forward(self, feat, idx):
         return feat[idx]
 
 
-def _case(name: str, model: torch.nn.Module, args: tuple, names: list[str], numpy_take, quick: bool) -> list[Row]:
+def _case(name: str, model: torch.nn.Module, args: tuple, names: list[str], numpy_take, quick: bool,
+          node: torch.nn.Module | None = None) -> list[Row]:
     import opbridge
 
     sess = ort_session(opbridge.export(model, args, input_names=names), spinning=False)
@@ -54,6 +61,10 @@ def _case(name: str, model: torch.nn.Module, args: tuple, names: list[str], nump
              "the same torch code, eager": lambda: model(*args),
              "numpy take": numpy_take,
              FLOOR: lambda: np.copyto(out, src)}
+    if node is not None:  # opbridge's own node for the same gather
+        node_sess = ort_session(opbridge.export(node, args, input_names=names), spinning=False)
+        np.testing.assert_array_equal(node_sess.run(None, feeds)[0], want)
+        impls["opbridge group_points node (ONNX Runtime)"] = lambda: node_sess.run(None, feeds)
     label = f"{name} ({', '.join(sorted(ops))})"
     progress(f"{label}: {', '.join(impls)}")
     rows = interleaved(label, impls, rounds=3 if quick else 15, max_seconds=120)
@@ -72,7 +83,7 @@ def run(quick: bool) -> list[Row]:
         return np.stack([fnp[i][:, inp[i]] for i in range(b)])
 
     rows = _case(f"group channels-first B={b} C={c} N={n} -> S={s} K={k}", _GroupChannelsFirst(), (features, idx),
-                 ["features", "idx"], take_first, quick)
+                 ["features", "idx"], take_first, quick, node=_GroupPoints())
 
     m_total, n_total = b * s, b * n
     feat = torch.from_numpy(rng.standard_normal((n_total, c), dtype=np.float32))

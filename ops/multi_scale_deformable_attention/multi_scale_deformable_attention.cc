@@ -83,6 +83,10 @@ OPBRIDGE_OP(multi_scale_deformable_attention)
             "(B, Q, H*D)")
     .cpu(msda_kernel)
     .backward("multi_scale_deformable_attention_backward")
-    .with(transformers_modules);
+    .with(transformers_modules)
+    // mmcv's Function over its CUDA extension: forward(ctx, value, value_spatial_shapes,
+    // value_level_start_index, sampling_locations, attention_weights, im2col_step).
+    .replaces("mmcv.ops.multi_scale_deform_attn.MultiScaleDeformableAttnFunction",
+              {"value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights", ""});
 
 }  // namespace opbridge

@@ -208,10 +208,22 @@ class ThreeInterpolate(Function):
     def forward(ctx, features, idx, weight):
         _missing()
 
+class GatherOperation(Function):
+    @staticmethod
+    def forward(ctx, features, idx):
+        _missing()
+
+class GroupingOperation(Function):
+    @staticmethod
+    def forward(ctx, features, idx):
+        _missing()
+
 furthest_point_sample = FurthestPointSampling.apply
 ball_query = BallQuery.apply
 three_nn = ThreeNN.apply
 three_interpolate = ThreeInterpolate.apply
+gather_operation = GatherOperation.apply
+grouping_operation = GroupingOperation.apply
 ''')
     yield utils
     for name in ("pointnet2_ops", "pointnet2_ops.pointnet2_utils"):
@@ -220,7 +232,8 @@ three_interpolate = ThreeInterpolate.apply
 
 def test_op_definitions_declare_the_pointnet2_rules(pointnet2):
     rules = {r.target: r for r in opbridge.substitution_rules()}
-    for name in ("FurthestPointSampling", "BallQuery", "ThreeNN", "ThreeInterpolate"):
+    for name in ("FurthestPointSampling", "BallQuery", "ThreeNN", "ThreeInterpolate", "GatherOperation",
+                 "GroupingOperation"):
         assert f"pointnet2_ops.pointnet2_utils.{name}" in rules
     assert "openpoints.models.layers.subsample.FurthestPointSampling" in rules
     assert "opbridge::furthest_point_sampling" in rules["pointnet2_ops.pointnet2_utils.FurthestPointSampling"].doc
@@ -263,13 +276,13 @@ class _SetAbstraction(torch.nn.Module):
         from pointnet2_ops import pointnet2_utils as pu
 
         idx = pu.furthest_point_sample(xyz, 16)
-        centres = torch.gather(xyz, 1, idx.long().unsqueeze(-1).expand(-1, -1, 3))
+        centres = pu.gather_operation(xyz.transpose(1, 2).contiguous(), idx).transpose(1, 2).contiguous()
         group = pu.ball_query(0.4, 8, xyz, centres)
+        grouped = pu.grouping_operation(features, group)  # (B, C, 16, 8)
         dist, nn_idx = pu.three_nn(xyz, centres)
         weight = 1.0 / (dist + 1e-8)
         weight = weight / weight.sum(-1, keepdim=True)
-        pooled = torch.gather(features, 2, idx.long().unsqueeze(1).expand(-1, features.shape[1], -1))
-        return group, pu.three_interpolate(pooled, nn_idx, weight)
+        return group, pu.three_interpolate(grouped.amax(-1), nn_idx, weight)
 
 
 @pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
@@ -277,7 +290,8 @@ def test_declared_rules_export_and_verify(pointnet2, exporter):
     g = torch.Generator().manual_seed(4)
     xyz, features = torch.rand(2, 64, 3, generator=g), torch.randn(2, 5, 64, generator=g)
     proto = opbridge.export(_SetAbstraction(), (xyz, features), exporter=exporter, optimize=False)
-    assert {"FurthestPointSampling", "BallQuery", "ThreeNn", "ThreeInterpolate"} <= {n.op_type for n in proto.graph.node}
+    assert {"FurthestPointSampling", "BallQuery", "ThreeNn", "ThreeInterpolate", "GatherPoints", "GroupPoints"} <= \
+        {n.op_type for n in proto.graph.node}
     with opbridge.substitutions():
         report = opbridge.verify(_SetAbstraction(), (xyz, features), proto)
     assert report.ok, report
