@@ -331,3 +331,30 @@ def test_an_operator_no_rule_covers_is_named_with_where_it_is_called(package, ex
     assert "<opbridge_test_pkg.model>:" in text  # the model's call
     assert "ImportError: the CUDA extension opbridge_test_pkg._ext is not installed" in text
     assert "@opbridge.substitute('opbridge_test_pkg.ops.Unruled')" in text
+
+
+def test_an_attribute_holding_the_operator_is_rebound_for_the_models_given(package):
+    """A constructor that keeps the operator (`self.sample = sample`) holds the original: export
+    and substitutions(model) rebind it for the block."""
+    ops, _ = package
+
+    class Keeps(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sample = ops.sample
+
+        def forward(self, xyz):
+            return self.sample(xyz, 4)
+
+    model, xyz = Keeps(), _xyz()
+    with opbridge.substitutions():
+        with pytest.raises(ImportError):
+            model(xyz)  # not given: the attribute keeps the original
+        with opbridge.substitutions(model):  # nested: the model's attributes only
+            assert torch.equal(model(xyz), torch.ops.opbridge.furthest_point_sampling(xyz, 4))
+    with opbridge.substitutions(model):
+        assert torch.equal(model(xyz), torch.ops.opbridge.furthest_point_sampling(xyz, 4))
+    assert model.sample == ops.sample  # restored
+    for exporter in opbridge.EXPORTERS:
+        proto = opbridge.export(model, (xyz,), exporter=exporter)
+        assert "FurthestPointSampling" in {n.op_type for n in proto.graph.node}

@@ -26,7 +26,7 @@ from .examples import KeywordsBound, distinct_examples
 from .naming import name_outputs
 from .optimizer import optimize as optimize_program
 from .rules import ExportOptions
-from .input_types import agree_input_types
+from .repairs import agree_input_types, squeeze_only_ones
 from .substitution import substitutions, unsubstituted
 from .torchscript import custom_opsets, options_requested, torchscript_exporter_available
 
@@ -120,7 +120,7 @@ def export(
         opset = opset or DEFAULT_DYNAMO_OPSET
         table = translation_table(opset=opset, custom_nodes=custom_nodes, portable=portable)
         table.update(extra_translations or {})
-        with _quiet(verbose), _op_errors(), _missing_ops(), _undeclared_nodes(), substitutions():
+        with _quiet(verbose), _op_errors(), _missing_ops(), _undeclared_nodes(), substitutions(*_modules(model)):
             program = torch.onnx.export(model, _torch_args(args), kwargs=kwargs, dynamo=True,
                                         custom_translation_table=table, optimize=False,
                                         opset_version=opset,
@@ -129,6 +129,7 @@ def export(
         if optimize:
             optimize_program(program)
         proto = program.model_proto
+        squeeze_only_ones(proto)
     else:
         if not torchscript_exporter_available():
             raise OpbridgeError(
@@ -142,7 +143,7 @@ def export(
             model, args = KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
         buf = io.BytesIO()
         with _quiet(verbose, native_output=True), _op_errors(), _missing_ops(), \
-                options_requested(custom_nodes, portable), substitutions():
+                options_requested(custom_nodes, portable), substitutions(*_modules(model)):
             torch.onnx.export(model, _torch_args(args), buf, dynamo=False, do_constant_folding=optimize,
                               opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
                               input_names=names, output_names=outs, dynamic_axes=dynamic_axes, verbose=verbose)
@@ -164,6 +165,10 @@ def export(
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
+
+
+def _modules(model) -> list[torch.nn.Module]:
+    return [model] if isinstance(model, torch.nn.Module) else []
 
 
 def _torch_args(args: tuple) -> tuple:

@@ -179,10 +179,12 @@ class _Bindings:
         self.changed.clear()
 
 
-def _apply(rule: Substitution, bindings: _Bindings, modules: list[types.ModuleType]) -> bool:
+def _apply(rule: Substitution, bindings: _Bindings) -> tuple[object, Callable] | None:
+    """Points the target's own binding at the replacement: (the original callable, what now
+    stands in its place), or None when the target's module is not imported."""
     found = _resolve(rule.target)
     if found is None:
-        return False
+        return None
     owner, name, obj = found
     replacement = rule.replacement
     if _is_function_class(obj):
@@ -192,55 +194,67 @@ def _apply(rule: Substitution, bindings: _Bindings, modules: list[types.ModuleTy
             replacement = replacement.bound_to(sig, drop_first=False)
         original = obj.apply
         bindings.set(obj, "apply", staticmethod(replacement))
-    else:
-        static = inspect.getattr_static(owner, name)
-        if isinstance(replacement, _OpCall):  # a class's function is a method (self first), as a classmethod's
-            func = static.__func__ if isinstance(static, (staticmethod, classmethod)) else static
-            self_first = isinstance(static, classmethod) or (isinstance(owner, type) and not isinstance(static, staticmethod))
-            replacement = replacement.bound_to(_signature(func), drop_first=self_first)
-        bindings.set(owner, name, replacement if not isinstance(static, (staticmethod, classmethod))
-                     else type(static)(replacement))
-        original = obj
-    for module in modules:
-        space = getattr(module, "__dict__", None)
-        if not isinstance(space, dict):
+        return original, replacement
+    static = inspect.getattr_static(owner, name)
+    if isinstance(replacement, _OpCall):  # a class's function is a method (self first), as a classmethod's
+        func = static.__func__ if isinstance(static, (staticmethod, classmethod)) else static
+        self_first = isinstance(static, classmethod) or (isinstance(owner, type) and not isinstance(static, staticmethod))
+        replacement = replacement.bound_to(_signature(func), drop_first=self_first)
+    bindings.set(owner, name, replacement if not isinstance(static, (staticmethod, classmethod))
+                 else type(static)(replacement))
+    return obj, replacement
+
+
+def _rebind(spaces: list, original, replacement: Callable, bindings: _Bindings) -> None:
+    """Every attribute of `spaces` (modules, nn.Module instances) bound to the original."""
+    for space in spaces:
+        attrs = getattr(space, "__dict__", None)
+        if not isinstance(attrs, dict):
             continue
-        for key, value in list(space.items()):
+        for key, value in list(attrs.items()):
             if callable(value) and _same_callable(value, original):
-                bindings.set(module, key, replacement)
-    return True
+                bindings.set(space, key, replacement)
+
+
+_ACTIVE: dict[str, tuple[object, Callable]] = {}  # target -> (original, replacement) while a block runs
 
 
 @contextlib.contextmanager
-def substitutions(only: Iterable[str] | None = None) -> Iterator[list[str]]:
+def substitutions(*models, only: Iterable[str] | None = None) -> Iterator[list[str]]:
     """Applies the registered substitutions (or those whose targets `only` names) for the block:
     the model runs eagerly on opbridge's ops where it calls them (even where the original
     extension is missing or CUDA-only), and exports with them. Yields the targets applied (rules
-    whose modules are not imported do nothing). Nested blocks apply the rules once."""
+    whose modules are not imported do nothing). `models` (torch.nn.Modules; opbridge.export
+    passes its model) also have their submodules' attributes that hold an operator rebound
+    (`self.sample_fn = furthest_point_sample` in a constructor). Nested blocks apply the rules
+    once (a nested block's models still get theirs)."""
+    instances = [m for model in models for m in model.modules()]
     with _LOCK:
-        if _DEPTH[0]:
-            _DEPTH[0] += 1
-            try:
-                yield []
-            finally:
-                _DEPTH[0] -= 1
-            return
-        rules = _rules()
+        nested = _DEPTH[0] > 0
+        rules = {} if nested else _rules()
         wanted = None if only is None else set(only)
-        unknown = sorted(wanted - set(rules)) if wanted is not None else []
+        unknown = sorted(wanted - set(rules)) if wanted is not None and not nested else []
         if unknown:
             raise OpbridgeError(f"substitutions(only=...): no rule for {', '.join(unknown)}")
         bindings, applied = _Bindings(), []
-        modules = list(sys.modules.values())
+        _DEPTH[0] += 1
         try:
+            if nested:
+                for original, replacement in _ACTIVE.values():
+                    _rebind(instances, original, replacement, bindings)
+            spaces = [*sys.modules.values(), *instances]
             for rule in rules.values():
-                if (wanted is None or rule.target in wanted) and _apply(rule, bindings, modules):
+                got = _apply(rule, bindings) if wanted is None or rule.target in wanted else None
+                if got is not None:
+                    _ACTIVE[rule.target] = got
+                    _rebind(spaces, *got, bindings)
                     applied.append(rule.target)
-            _DEPTH[0] = 1
             yield applied
         finally:
-            _DEPTH[0] = 0
+            _DEPTH[0] -= 1
             bindings.restore()
+            if not nested:
+                _ACTIVE.clear()
 
 
 def unsubstituted(error: BaseException) -> str | None:
