@@ -128,6 +128,28 @@ def test_export_refuses_a_model_the_runtime_cannot_run_naming_every_node():
     opbridge.export(Hyperbolic(), (x.float(),))
 
 
+class Deform(torch.nn.Module):
+    def forward(self, x, weight, offset):
+        return torch.ops.opbridge.deform_conv2d(x, weight, offset, None, None, padding=[1, 1])
+
+
+def test_a_standard_op_the_runtime_lacks_that_an_op_wrote_is_answered_with_custom_nodes(monkeypatch):
+    """ONNX Runtime before 1.25 has no DeformConv kernel: the answer is opbridge's own node."""
+    from opbridge._runtime.inspect import analysis, checker
+
+    g = torch.Generator().manual_seed(0)
+    args = (torch.rand(1, 2, 5, 5, generator=g), torch.rand(3, 2, 3, 3, generator=g),
+            torch.rand(1, 18, 5, 5, generator=g))
+    model = opbridge.export(Deform(), args, opset=19)
+    assert "DeformConv" in {n.op_type for n in model.graph.node}
+    kernels, schemas = checker.ort_registry()
+    without = {k: v for k, v in kernels.items() if k[1] != "DeformConv"}
+    monkeypatch.setattr(checker, "ort_registry", lambda: (without, schemas))
+    problems = analysis.cannot_run(model)
+    assert len(problems) == 1 and "no CPU kernel for ai.onnx::DeformConv" in problems[0], problems
+    assert "opbridge's deform_conv2d wrote it: export with custom_nodes=True" in problems[0]
+
+
 def test_verify_reports_cannot_run_instead_of_raising():
     x = torch.rand(3, dtype=torch.float64) + 1
     m = opbridge.export(Hyperbolic(), (x,), check_runtime=False)

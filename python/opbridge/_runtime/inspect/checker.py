@@ -68,6 +68,14 @@ class Checker:
         self.model_opsets = {registry_domain(o.domain): o.version for o in model.opset_import}
         self.custom: dict[tuple[str, str], OpInfo] = {}
         self.library_domains: dict[str, Library] = {}
+        # Standard (or other runtimes') ops that an opbridge op with a kernel writes by an export
+        # rule: where the runtime lacks one, the op's own node is the way (custom_nodes=True).
+        self.written_by: dict[tuple[str, str], list[OpInfo]] = collections.defaultdict(list)
+        for lib in libs:
+            for op in lib.ops:
+                for r in op.export_rules:
+                    if r.target != "opbridge_op" and op.export_kind == "kernel":
+                        self.written_by[(registry_domain(r.domain), r.op_type)].append(op)
         for lib in libs:
             self.library_domains[registry_domain(lib.onnx_domain)] = lib
             for op in lib.ops:
@@ -263,6 +271,11 @@ class Checker:
                                         f"{', '.join(spans)}, not for {node.op_type}-{since} (the model imports opset "
                                         f"{opset}){deprecated}: convert the model to one of those opsets "
                                         "(onnx.version_converter, or re-export with --opset)")
+        writers = self.written_by.get((domain, node.op_type))
+        if writers:
+            return Verdict(MISSING, "", f"{ver} has no CPU kernel for {qual}{deprecated}; opbridge's "
+                                        f"{', '.join(sorted({op.name for op in writers}))} wrote it: export with "
+                                        f"custom_nodes=True (opbridge's own node, which its ONNX Runtime library runs)")
         return Verdict(MISSING, "", f"{ver} has no CPU kernel for {qual} and no ONNX function body to expand"
                                     f"{deprecated}: provide a custom-op library for it or use other ops")
 
