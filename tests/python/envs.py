@@ -8,6 +8,7 @@ Without it and without the index, the test that wants it skips, saying why.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
 import shutil
 import site
@@ -46,8 +47,8 @@ def unreachable(url: str, project: str) -> str | None:
 
 def python_with(name: str, requirements: list[str], *, on_top: bool = False) -> Path:
     """The python of environment `name` holding `requirements` (made once, then reused). on_top:
-    the environment also sees this one's packages (PyTorch, opbridge) and pip installs only what
-    they lack; otherwise it holds the requirements alone."""
+    the environment also sees this one's packages (PyTorch, opbridge) at their versions, and pip
+    installs only what they lack; otherwise it holds the requirements alone."""
     py = f"py{sys.version_info.major}{sys.version_info.minor}"
     home = envs_dir() / f"{py}-{name}"
     python = home / "bin" / "python"
@@ -64,13 +65,19 @@ def python_with(name: str, requirements: list[str], *, on_top: bool = False) -> 
     tmp = home.with_name(home.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True, capture_output=True)
+    pins = []
     if on_top:  # a .pth that adds this environment's site-packages (and runs their .pth files)
         target = next((tmp / "lib").glob("python*/site-packages"))
         sites = [p for p in site.getsitepackages() if Path(p).is_dir()]
         (target / "_opbridge_base.pth").write_text(
             "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in sites) + "\n")
+        # What this environment has stays as it is (torch above all): pip may only add packages.
+        (tmp / "pins.txt").write_text("".join(f"{d.metadata['Name']}=={d.version.split('+')[0]}\n"
+                                              for d in importlib.metadata.distributions()
+                                              if d.metadata["Name"] and d.metadata["Name"].lower() != "opbridge"))
+        pins = ["-c", str(tmp / "pins.txt")]
     r = subprocess.run([str(tmp / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                        *requirements], capture_output=True, text=True)
+                        *pins, *requirements], capture_output=True, text=True)
     assert r.returncode == 0, f"pip could not install {' '.join(requirements)}:\n{r.stdout}{r.stderr}"
     (tmp / "ready").write_text(wanted)
     shutil.rmtree(home, ignore_errors=True)

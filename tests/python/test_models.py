@@ -5,6 +5,11 @@ cannot be reached), run with their code untouched by tests/python/real_models.py
 transformers' Deformable DETR: its MultiScaleDeformableAttention module's forward (the grid_sample
 path) is replaced, by the rule multi_scale_deformable_attention's definition declares, with one
 opbridge node, in both exporters; ONNX Runtime then equals eager within float32 rounding.
+
+openpoints' PointNet++ (classification and segmentation): its Functions over a CUDA extension the
+wheel does not ship cannot run on a CPU at all; substituted by the rules of furthest_point_sampling,
+ball_query, group_points, three_nn and three_interpolate, the models run eagerly and export with
+both exporters, called with their data dict as openpoints calls them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import envs
 
 RUNNER = Path(__file__).with_name("real_models.py")
 TRANSFORMERS = ["transformers==5.23.0"]
+OPENPOINTS = ["openpoints==0.1.2"]
 
 
 def _report(python: Path, model: str, tmp_path: Path) -> dict:
@@ -50,3 +56,24 @@ def test_deformable_detr_exports_one_node_per_attention_and_matches_eager(deform
     # Outputs of layer norms (scale about 4): a few float32 roundings per op over two layers.
     assert entry["vs_substituted"] < 1e-4 * max(1.0, entry["scale"]), entry
     assert entry["vs_original"] < 1e-4 * max(1.0, entry["scale"]), entry
+
+
+@pytest.fixture(scope="module")
+def openpoints(tmp_path_factory):
+    python = envs.python_with("openpoints-0.1.2", OPENPOINTS, on_top=True)
+    out = tmp_path_factory.mktemp("openpoints")
+    return {m: _report(python, m, out) for m in ("pointnet2_cls", "pointnet2_seg")}
+
+
+@pytest.mark.parametrize("model,nodes", [
+    ("pointnet2_cls", {"BallQuery", "FurthestPointSampling", "GroupPoints"}),
+    ("pointnet2_seg", {"BallQuery", "FurthestPointSampling", "GroupPoints", "ThreeNn", "ThreeInterpolate"})])
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_openpoints_pointnet2_exports_with_the_substituted_ops_and_matches_eager(openpoints, model, nodes, exporter):
+    report = openpoints[model]
+    # Unsubstituted, the model cannot run here: its Functions allocate torch.cuda tensors.
+    assert "CUDA" in report["original_fails"], report.get("original_fails")
+    entry = report["exports"][exporter]
+    assert "error" not in entry, entry.get("error")
+    assert set(entry["nodes"]) == {f"opbridge::{n}" for n in nodes}
+    assert entry["vs_substituted"] <= 1e-5 * max(1.0, entry["scale"]), entry
