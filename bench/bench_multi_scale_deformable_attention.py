@@ -115,8 +115,12 @@ def _case(label: str, levels, threads: int, quick: bool) -> list[Row]:
 
     name = f"MSDA forward + backward eager {label} {tail}"
     got, ref = backward(fused), backward(path)
-    for g, r in zip(got, ref):
-        torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-3)
+    for what, g, r in zip(("value", "sampling_locations", "attention_weights"), got, ref):
+        # A location's gradient jumps at a whole pixel, and the two paths round a location's pixel
+        # coordinate differently (x * w - 0.5 here, ((2x - 1 + 1) * w - 1) / 2 in grid_sample): the
+        # few within a rounding of a pixel take the other side's derivative (3 of 5 million here).
+        close = torch.isclose(g, r, rtol=1e-3, atol=1e-3).double().mean().item()
+        assert close >= (1 - 1e-5 if what == "sampling_locations" else 1), f"grad of {what}: {close} agree"
     impls = {"opbridge forward + backward": on_torch_threads(threads, lambda: backward(fused)),
              "grid_sample path autograd": on_torch_threads(threads, lambda: backward(path))}
     progress(name)
@@ -124,14 +128,20 @@ def _case(label: str, levels, threads: int, quick: bool) -> list[Row]:
     return rows
 
 
-def run(quick: bool) -> list[Row]:
+def every_case(case, quick: bool) -> list[Row]:
+    """case(label, levels, threads, quick) at both input sizes on 1 and 2 threads (quick: three
+    levels of the small one, 1 thread); torch's thread count is restored afterwards."""
     threads = torch.get_num_threads()
     try:
         if quick:
-            return _case("512x512", LEVELS["512x512"][1:], 1, quick)
+            return case("512x512", LEVELS["512x512"][1:], 1, quick)
         rows = []
         for n in (1, 2):
-            rows += _case("512x512", LEVELS["512x512"], n, quick) + _case("800x1200", LEVELS["800x1200"], n, quick)
+            rows += case("512x512", LEVELS["512x512"], n, quick) + case("800x1200", LEVELS["800x1200"], n, quick)
         return rows
     finally:
         torch.set_num_threads(threads)
+
+
+def run(quick: bool) -> list[Row]:
+    return every_case(_case, quick)

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import sys
+import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -78,9 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"no such benchmark: {', '.join(unknown)} (have: {', '.join(modules())})")
     rows: list[Row] = []
+    failed: list[str] = []
     for name in names:
         progress(f"{name} ...")
-        rows += importlib.import_module(f"bench_{name}").run(args.quick)
+        try:
+            rows += importlib.import_module(f"bench_{name}").run(args.quick)
+        except Exception:  # noqa: BLE001 - one benchmark's failure (a wrong answer) keeps the others' rows
+            progress(f"{name} FAILED:\n{traceback.format_exc()}")
+            failed.append(name)
     print(table(rows))
     print("ratio = time / the first row of its benchmark (opbridge); above 1: opbridge is faster. Rows timed in "
           "interleaved rounds give the median of per-round ratios [25th-75th percentile]; others a ratio of medians")
@@ -100,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     Path(args.json).write_text(json.dumps(out, indent=2))
     progress(f"wrote {args.json}")
-    return 0
+    if failed:
+        progress(f"failed: {', '.join(failed)} (tracebacks above)")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
