@@ -169,3 +169,47 @@ def test_bfloat16_computes_in_float32_and_rounds_once():
     assert got.dtype == torch.bfloat16
     want = reference(*[t.float().numpy() if t.is_floating_point() else t.numpy() for t in args])
     torch.testing.assert_close(got, torch.from_numpy(want).to(torch.bfloat16), rtol=0, atol=0)
+
+
+@pytest.fixture
+def mmcv_standin():
+    """mmcv.ops.multi_scale_deform_attn shaped as mmcv's: MultiScaleDeformableAttnFunction.forward(ctx,
+    value, value_spatial_shapes, value_level_start_index, sampling_locations, attention_weights,
+    im2col_step) over an extension that is not installed here."""
+    import sys
+    import types
+
+    names = ["mmcv", "mmcv.ops", "mmcv.ops.multi_scale_deform_attn"]
+    for name in names:
+        sys.modules[name] = types.ModuleType(name)
+    module = sys.modules[names[-1]]
+    exec(compile('''
+import torch
+from torch.autograd import Function
+
+class MultiScaleDeformableAttnFunction(Function):
+    @staticmethod
+    def forward(ctx, value, value_spatial_shapes, value_level_start_index, sampling_locations, attention_weights,
+                im2col_step):
+        raise ImportError("mmcv._ext is not installed")
+''', "<mmcv.ops.multi_scale_deform_attn>", "exec"), module.__dict__)
+    yield module.MultiScaleDeformableAttnFunction
+    for name in names:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_mmcv_function_is_substituted(mmcv_standin, exporter):
+    import opbridge
+
+    class Attention(torch.nn.Module):
+        def forward(self, value, shapes, starts, locations, weights):
+            return mmcv_standin.apply(value, shapes, starts, locations, weights, 64)
+
+    args = inputs([(4, 5), (2, 3)])
+    proto = opbridge.export(Attention(), args, exporter=exporter)
+    assert [n.op_type for n in proto.graph.node if n.domain == "opbridge"] == ["MultiScaleDeformableAttention"]
+    sess = opbridge.session(proto)
+    got = sess.run(None, {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args)})[0]
+    want = torch_path(args[0], args[1].tolist(), args[3], args[4])
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
