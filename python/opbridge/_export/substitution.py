@@ -11,9 +11,10 @@ for the same target.
 
 Inside `substitutions()` (opbridge.export enters it) every rule whose module is imported is
 applied: the target's own binding (an autograd.Function's `apply`, a module's function, a class's
-method) and every module global bound to it in any imported module (`sample = Sampling.apply`,
-`from package.ops import sample`) point to the replacement;
-all of it is restored when the block ends. The bindings are process-wide for the block's length.
+method), every module global bound to it in any imported module (`sample = Sampling.apply`,
+`from package.ops import sample`) and every attribute bound to it in the models the block is given
+(`self.sample_fn = sample`) point to the replacement; all of it is restored when the block ends.
+The bindings are process-wide for the block's length.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import dataclasses
 import inspect
 import sys
 import threading
-import types
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
