@@ -76,21 +76,29 @@ void backward_typed(KernelContext& ctx, const TensorView& grad_out, const Tensor
   const T* go = grad_out.data_as<T>();
   T* gs = grad_src.data_as<T>();
   std::fill(gs, gs + n * f, narrow<T>(C(0)));  // rows of no segment, and rows min/max did not pick
-  ctx.parallel_for(segments, 16, [&](int64_t lo, int64_t hi) {
-    for (int64_t seg = lo; seg < hi; ++seg) {
-      const int64_t b = g.begin[seg], e = g.begin[seg + 1];
-      const T* grow = go + seg * f;
-      if (op == Reduce::Sum || op == Reduce::Mean) {
+  if (op == Reduce::Sum || op == Reduce::Mean) {
+    ctx.parallel_for(segments, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t seg = lo; seg < hi; ++seg) {  // a row is in one segment: no two tasks write it
+        const int64_t b = g.begin[seg], e = g.begin[seg + 1];
+        const T* grow = go + seg * f;
         const C count = static_cast<C>(e - b > 0 ? e - b : 1);
         for (int64_t i = b; i < e; ++i) {
           T* row = gs + g.row(i) * f;
           for (int64_t c = 0; c < f; ++c) row[c] = op == Reduce::Sum ? grow[c] : narrow<T>(widen(grow[c]) / count);
         }
-        continue;
       }
-      for (int64_t c = 0; c < f; ++c)  // each picked row belongs to this segment alone
-        if (arg[seg * f + c] < n) gs[arg[seg * f + c] * f + c] = grow[c];
-    }
+    });
+    return;
+  }
+  // Min/max: each value's gradient goes to the row arg names. The forward's picks name a row once,
+  // but an arg given to the backward may name one twice: the gradients then add up. Tasks split the
+  // columns and walk the segments in order, so the sums do not depend on the threads.
+  ctx.parallel_for(f, std::max<int64_t>(1, 4096 / std::max<int64_t>(segments, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t seg = 0; seg < segments; ++seg)
+      for (int64_t c = lo; c < hi; ++c) {
+        const int64_t r = arg[seg * f + c];
+        if (r < n) gs[r * f + c] = narrow<T>(widen(gs[r * f + c]) + widen(go[seg * f + c]));
+      }
   });
 }
 

@@ -280,3 +280,26 @@ def test_gradients_against_pytorch(reduce):
                                                                       include_self=False)
     (want,) = torch.autograd.grad(want_out, src, grad)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_arg_backward_adds_up_a_row_named_twice_whatever_the_threads(dtype):
+    """No forward names a row twice, but an arg given to the backward may: the gradients add, in
+    segment order, the same on 1 and 2 threads (a fuzzed case once showed a race here)."""
+    g = torch.Generator().manual_seed(3)
+    grad = torch.randn(9, 6, generator=g).to(dtype)
+    src = torch.ones(2, 6, dtype=dtype)
+    arg = torch.randint(0, 3, (9, 6), generator=g)  # 2 is the empty marker (n)
+    want = np.zeros((2, 6), np.float32)
+    for s in range(9):
+        for c in range(6):
+            if arg[s, c] < 2:  # add in order, rounding to dtype after each addition as the kernel does
+                want[arg[s, c], c] = torch.tensor(want[arg[s, c], c] + grad[s, c].float().item()).to(dtype).float()
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got = OPS.arg_reduce_backward(grad, src, arg, "max")
+            np.testing.assert_array_equal(got.float().numpy(), want)
+    finally:
+        torch.set_num_threads(threads)
