@@ -30,39 +30,43 @@ void reduce_typed(KernelContext& ctx, const TensorView& src, const Groups& g, Re
   const C start = op == Reduce::Max ? -largest<T>() : largest<T>();
   if (segments == 0 || f == 0) return;  // nothing to write (and n may be huge when f is 0)
   const int64_t work = std::max<int64_t>(1, (n + 1) * f / segments);  // rows·f fits: src is in memory
+  // Columns in blocks: the per-task accumulators stay small however wide a row is.
+  const int64_t block = std::min<int64_t>(f, 4096);
   ctx.parallel_for(segments, std::max<int64_t>(1, (64 << 10) / work), [&](int64_t lo, int64_t hi) {
-    std::vector<C> acc(static_cast<size_t>(f));
-    std::vector<int64_t> at(static_cast<size_t>(f));
+    std::vector<C> acc(static_cast<size_t>(block));
+    std::vector<int64_t> at(static_cast<size_t>(block));
     for (int64_t seg = lo; seg < hi; ++seg) {
-      const int64_t b = g.begin[seg], e = g.begin[seg + 1];
-      std::fill(acc.begin(), acc.end(), extremum ? start : C(0));
-      std::fill(at.begin(), at.end(), n);
-      for (int64_t i = b; i < e; ++i) {
-        const int64_t r = g.row(i);
-        const T* row = s + r * f;
-        if (!extremum) {
-          for (int64_t c = 0; c < f; ++c) acc[c] += widen(row[c]);
-        } else if (op == Reduce::Max) {
-          for (int64_t c = 0; c < f; ++c) {
-            const C v = widen(row[c]);
-            if (v > acc[c]) acc[c] = v, at[c] = r;
-          }
-        } else {
-          for (int64_t c = 0; c < f; ++c) {
-            const C v = widen(row[c]);
-            if (v < acc[c]) acc[c] = v, at[c] = r;
+      const int64_t b = g.begin[seg], e = g.begin[seg + 1], count = e - b;
+      for (int64_t c0 = 0; c0 < f; c0 += block) {
+        const int64_t w = std::min(block, f - c0);
+        std::fill(acc.begin(), acc.begin() + w, extremum ? start : C(0));
+        std::fill(at.begin(), at.begin() + w, n);
+        for (int64_t i = b; i < e; ++i) {
+          const int64_t r = g.row(i);
+          const T* row = s + r * f + c0;
+          if (!extremum) {
+            for (int64_t c = 0; c < w; ++c) acc[c] += widen(row[c]);
+          } else if (op == Reduce::Max) {
+            for (int64_t c = 0; c < w; ++c) {
+              const C v = widen(row[c]);
+              if (v > acc[c]) acc[c] = v, at[c] = r;
+            }
+          } else {
+            for (int64_t c = 0; c < w; ++c) {
+              const C v = widen(row[c]);
+              if (v < acc[c]) acc[c] = v, at[c] = r;
+            }
           }
         }
-      }
-      const int64_t count = e - b;
-      for (int64_t c = 0; c < f; ++c) {
-        C v = acc[c];
-        if (op == Reduce::Mean) v = v / static_cast<C>(count > 0 ? count : 1);
-        // An empty segment is 0; one whose values never beat the start keeps it (segment_csr) or
-        // is 0 (scatter), as torch_scatter writes them.
-        if (extremum && (count == 0 || (at[c] == n && untouched == Untouched::Zero))) v = C(0);
-        o[seg * f + c] = narrow<T>(v);
-        if (a) a[seg * f + c] = at[c];
+        for (int64_t c = 0; c < w; ++c) {
+          C v = acc[c];
+          if (op == Reduce::Mean) v = v / static_cast<C>(count > 0 ? count : 1);
+          // An empty segment is 0; one whose values never beat the start keeps it (segment_csr) or
+          // is 0 (scatter), as torch_scatter writes them.
+          if (extremum && (count == 0 || (at[c] == n && untouched == Untouched::Zero))) v = C(0);
+          o[seg * f + c0 + c] = narrow<T>(v);
+          if (a) a[seg * f + c0 + c] = at[c];
+        }
       }
     }
   });

@@ -303,3 +303,17 @@ def test_arg_backward_adds_up_a_row_named_twice_whatever_the_threads(dtype):
             np.testing.assert_array_equal(got.float().numpy(), want)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "min", "max"])
+def test_rows_wider_than_a_column_block(reduce):
+    """The kernel reduces 4096 columns at a time: 9000 columns take three blocks, the last short."""
+    src = r([7, 9000], seed=40)
+    indptr = ptr(0, 3, 3, 7)  # an empty segment between two
+    np.testing.assert_array_equal(OPS.segment_csr(src, indptr, reduce).numpy(),
+                                  csr_reference(src.numpy(), indptr.numpy(), reduce))
+    if reduce in ("min", "max"):
+        out, arg = OPS.segment_csr_arg(src, indptr, reduce)
+        want_out, want_arg = csr_arg_reference(src.numpy(), indptr.numpy(), reduce)
+        np.testing.assert_array_equal(out.numpy(), want_out)
+        np.testing.assert_array_equal(arg.numpy(), want_arg)
