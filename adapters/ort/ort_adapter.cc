@@ -238,9 +238,11 @@ class OrtHost final : public KernelHost {
   void parallel_for(int64_t n, int64_t grain, ParallelBody fn) override {
     if (n <= 0) return;
     grain = std::max<int64_t>(grain, 1);
-    const int64_t chunks = std::min<int64_t>((n + grain - 1) / grain, 1024);
+    // Divisions rounded up without n + d - 1, which overflows for a range near 2^63.
+    const auto ceil_div = [](int64_t a, int64_t d) { return a / d + (a % d != 0); };
+    const int64_t chunks = std::min<int64_t>(ceil_div(n, grain), 1024);
     if (chunks == 1) return fn(0, n);
-    Job job{fn, n, (n + chunks - 1) / chunks, {}, {}};
+    Job job{fn, n, ceil_div(n, chunks), {}, {}};
     check(g_api->KernelContext_ParallelFor(ort_, &Job::run, static_cast<size_t>(chunks), 0, &job));
     if (job.error) std::rethrow_exception(job.error);
   }
@@ -254,7 +256,8 @@ class OrtHost final : public KernelHost {
     std::exception_ptr error;
     static void run(void* self, size_t i) {
       auto* j = static_cast<Job*>(self);
-      const int64_t begin = static_cast<int64_t>(i) * j->chunk, end = std::min(j->n, begin + j->chunk);
+      const int64_t begin = static_cast<int64_t>(i) * j->chunk;
+      const int64_t end = j->chunk >= j->n - begin ? j->n : begin + j->chunk;
       try {
         if (begin < end) j->fn(begin, end);
       } catch (...) {

@@ -5,6 +5,7 @@
 #include "segment_reduce_kernel.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 namespace opbridge::segment {
@@ -37,6 +38,11 @@ void reduce_typed(KernelContext& ctx, const TensorView& src, const Groups& g, Re
     std::vector<int64_t> at(static_cast<size_t>(block));
     for (int64_t seg = lo; seg < hi; ++seg) {
       const int64_t b = g.begin[seg], e = g.begin[seg + 1], count = e - b;
+      if (count == 0) {  // an empty segment is 0 for every reduction (all-zero bits in every T)
+        std::memset(o + seg * f, 0, static_cast<size_t>(f) * sizeof(T));
+        if (a) std::fill(a + seg * f, a + (seg + 1) * f, n);
+        continue;
+      }
       for (int64_t c0 = 0; c0 < f; c0 += block) {
         const int64_t w = std::min(block, f - c0);
         std::fill(acc.begin(), acc.begin() + w, extremum ? start : C(0));
@@ -94,6 +100,7 @@ void backward_typed(KernelContext& ctx, const TensorView& grad_out, const Tensor
     });
     return;
   }
+  if (segments == 0 || f == 0) return;  // no gradient to place (and f may be huge when there are no rows)
   // Min/max: each value's gradient goes to the row arg names. The forward's picks name a row once,
   // but an arg given to the backward may name one twice: the gradients then add up. Tasks split the
   // columns and walk the segments in order, so the sums do not depend on the threads.
