@@ -112,3 +112,4 @@ class TestRadiusPairs(OpTest):
         ],
         resize=lambda s, n: Sample(points(n, n, seed=n), s.attrs),
     )
+

@@ -18,16 +18,16 @@ import torch
 
 from .._library.errors import OpbridgeError
 from .._library.kinds import positional, tensor_leaves
-from .._library.registry import libraries
 from .._runtime.inspect import cannot_run
 from .dynamo import DEFAULT_DYNAMO_OPSET, translation_table
 from .functions import add_functions
 from .examples import KeywordsBound, distinct_examples
+from .failures import op_errors
 from .naming import name_outputs
 from .optimizer import optimize as optimize_program
 from .rules import ExportOptions
 from .repairs import agree_input_types, squeeze_only_ones
-from .substitution import substitutions, unsubstituted
+from .substitution import substitutions
 from .torchscript import custom_opsets, options_requested, torchscript_exporter_available
 
 EXPORTERS = ("dynamo", "torchscript")
@@ -120,7 +120,7 @@ def export(
         opset = opset or DEFAULT_DYNAMO_OPSET
         table = translation_table(opset=opset, custom_nodes=custom_nodes, portable=portable)
         table.update(extra_translations or {})
-        with _quiet(verbose), _op_errors(), _missing_ops(), _undeclared_nodes(), substitutions(*_modules(model)):
+        with _quiet(verbose), op_errors(), _missing_ops(), _undeclared_nodes(), substitutions(*_modules(model)):
             program = torch.onnx.export(model, _torch_args(args), kwargs=kwargs, dynamo=True,
                                         custom_translation_table=table, optimize=False,
                                         opset_version=opset,
@@ -142,7 +142,7 @@ def export(
             # The TorchScript exporter passes everything positionally: bind keywords here.
             model, args = KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
         buf = io.BytesIO()
-        with _quiet(verbose, native_output=True), _op_errors(), _missing_ops(), \
+        with _quiet(verbose, native_output=True), op_errors(), _missing_ops(), \
                 options_requested(custom_nodes, portable), substitutions(*_modules(model)):
             torch.onnx.export(model, _torch_args(args), buf, dynamo=False, do_constant_folding=optimize,
                               opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
@@ -186,42 +186,6 @@ def _lowest_ir_version(proto: onnx.ModelProto) -> None:
     proto.ir_version = min(proto.ir_version, needed)
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes in the dynamo exporter's messages
-
-
-@contextlib.contextmanager
-def _op_errors():
-    """An error raised inside an autograd.Function no substitution rule covers names it and where
-    the model calls it (substitution.unsubstituted). An op's own error ("<ns>::<op>: reason") or
-    opbridge's, raised while an exporter traces the model, is re-raised as itself, not under layers of exporter errors; another failure the dynamo
-    exporter wraps ("Failed to ... Next steps:") becomes its step, node and root cause, in a line."""
-    try:
-        yield
-    except OpbridgeError:
-        raise
-    except Exception as e:
-        why = unsubstituted(e)
-        if why:
-            raise OpbridgeError(why) from e
-        namespaces = {lib.torch_namespace for lib in libraries()}
-        cur, seen, node, root = e, set(), "", e
-        while cur is not None and id(cur) not in seen:
-            seen.add(id(cur))
-            first = (_ANSI.sub("", str(cur)).strip().splitlines() or [""])[0]
-            m = re.match(r"(\w+)::\w+: ", first)
-            if isinstance(cur, OpbridgeError) or (m and m.group(1) in namespaces):
-                raise OpbridgeError(str(cur) if isinstance(cur, OpbridgeError) else first) from e
-            m = re.match(r"Error when translating node .*?target=([\w.:]+)", first)
-            node = node or (f" (translating {m.group(1)})" if m else "")
-            root = cur if cur is root.__cause__ else root  # the root cause: __cause__ links only
-            cur = cur.__cause__ or cur.__context__
-        if not isinstance(e, torch.onnx.errors.OnnxExporterError) or e.__cause__ is None:
-            raise  # not a wrapper: the TorchScript exporter raises the cause itself
-        step = re.split(r"\.(?:\s|$)", _ANSI.sub("", str(e)).strip())[0]
-        cause = (_ANSI.sub("", str(root)).strip().splitlines() or [""])[0]
-        raise OpbridgeError(f"{step}{node}: {type(root).__name__}" + (f": {cause}" if cause else "")) from e
-
-
 def _check_dynamic(proto: onnx.ModelProto, dynamic_axes) -> None:
     inputs = {i.name: i for i in proto.graph.input}
     for name, axes in dynamic_axes.items():
@@ -250,7 +214,9 @@ def _quiet(verbose: bool, native_output: bool = False):
     try:
         for lg in loggers:
             lg.setLevel(logging.CRITICAL)
+        # stderr too: torch.export prints the whole partial graph there before it raises.
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()), \
                 (_native_output_hidden() if native_output else contextlib.nullcontext()):
             warnings.simplefilter("ignore")
             yield

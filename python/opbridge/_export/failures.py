@@ -1,0 +1,63 @@
+"""What an export failure says: the exporters' own errors, unwrapped to the op, the Python-level
+operator or the line of the model that caused them."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import torch
+
+from .._library.errors import OpbridgeError
+from .._library.registry import libraries
+from .substitution import unsubstituted
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes in the dynamo exporter's messages
+
+
+@contextlib.contextmanager
+def op_errors():
+    """An error raised inside an autograd.Function no substitution rule covers names it and where
+    the model calls it (substitution.unsubstituted). An op's own error ("<ns>::<op>: reason") or
+    opbridge's, raised while an exporter traces the model, is re-raised as itself, not under layers of exporter errors; another failure the dynamo
+    exporter wraps ("Failed to ... Next steps:") becomes its step, node and root cause, in a line."""
+    try:
+        yield
+    except OpbridgeError:
+        raise
+    except Exception as e:
+        why = unsubstituted(e)
+        if why:
+            raise OpbridgeError(why) from e
+        namespaces = {lib.torch_namespace for lib in libraries()}
+        cur, seen, node, root = e, set(), "", e
+        while cur is not None and id(cur) not in seen:
+            seen.add(id(cur))
+            first = (_ANSI.sub("", str(cur)).strip().splitlines() or [""])[0]
+            m = re.match(r"(\w+)::\w+: ", first)
+            if isinstance(cur, OpbridgeError) or (m and m.group(1) in namespaces):
+                raise OpbridgeError(str(cur) if isinstance(cur, OpbridgeError) else first) from e
+            m = re.match(r"Error when translating node .*?target=([\w.:]+)", first)
+            node = node or (f" (translating {m.group(1)})" if m else "")
+            root = cur if cur is root.__cause__ else root  # the root cause: __cause__ links only
+            cur = cur.__cause__ or cur.__context__
+        if not isinstance(e, torch.onnx.errors.OnnxExporterError) or e.__cause__ is None:
+            raise  # not a wrapper: the TorchScript exporter raises the cause itself
+        step = re.split(r"\.(?:\s|$)", _ANSI.sub("", str(e)).strip())[0]
+        cause = (_ANSI.sub("", str(root)).strip().splitlines() or [""])[0]
+        raise OpbridgeError(f"{step}{node}: {type(root).__name__}" + (f": {cause}" if cause else "")
+                            + _data_dependent(root)) from e
+
+
+def _data_dependent(root: BaseException) -> str:
+    """For torch.export's refusal of a Python condition on a value read from the data
+    (GuardOnDataDependentSymNode): where the model asks it, and the ways out; "" otherwise."""
+    if "DataDependent" not in type(root).__name__:
+        return ""
+    text = _ANSI.sub("", str(root))
+    m = re.search(r'The following call raised this error:\s*File "([^"]+)", line (\d+), in (\w+)\n\s*(.*)', text)
+    where = f" at {m.group(1)}:{m.group(2)} in {m.group(3)} (`{m.group(4).strip()}`)" if m else ""
+    return (f"\nThe model's Python code{where} depends on a value computed from the inputs (a size or a "
+            f"number read from a tensor), which torch.export cannot trace. The TorchScript exporter records "
+            f"the path these inputs take: export with exporter='torchscript' (and verify it at other inputs), "
+            f"or change the condition (torch._check(...) to state what holds, torch.cond for a real branch).")

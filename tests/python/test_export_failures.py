@@ -1,0 +1,31 @@
+"""What an export failure says (python/opbridge/_export/failures.py): a Python condition on a
+value read from the data names the model's line and the exporter that records it, without
+torch.export's dump of the partial graph."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import opbridge
+
+
+class _BranchesOnData(torch.nn.Module):
+    """basicsr's DCNv2Pack pattern: a Python condition on a value read from the data."""
+
+    def forward(self, x):
+        if x.abs().mean() > 50:  # the line the error must name
+            x = x * 0.5
+        return x + 1
+
+
+def test_a_python_condition_on_data_is_named_with_its_line_and_the_way_out(capfd):
+    model, x = _BranchesOnData(), torch.randn(4, 4)
+    with pytest.raises(opbridge.OpbridgeError) as e:
+        opbridge.export(model, (x,), exporter="dynamo")
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "the line the error" in text)
+    assert f"{__file__}:{line} in forward" in str(e.value)
+    assert "exporter='torchscript'" in str(e.value)
+    assert capfd.readouterr().err == ""  # torch.export's dump of the partial graph is not printed
+    proto = opbridge.export(model, (x,), exporter="torchscript")  # the way out the message gives
+    assert opbridge.verify(model, (x,), proto).ok
