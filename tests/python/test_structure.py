@@ -3,7 +3,9 @@
 - the Python package is four wings and the package level that ties them together. A wing imports
   only the wings before it: library (what an op library is) <- runtime (ONNX Runtime) <- export
   (PyTorch to ONNX) <- tools (the command line and the rest); the package level may import any
-  wing, and only the tools wing may import the package level (its public API);
+  wing, and only the tools wing may import the package level (its public API). Beside them,
+  compat (the drop-in modules of other packages' APIs) is a client: it uses the public API only,
+  as a user's code does, and is the one part that names ops;
 - no import cycles between modules, inside a wing or across;
 - C++ includes point one way: core <- ops <- adapters, and core's files (a header with its source
   as one unit) include each other without a cycle;
@@ -22,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "opbridge"
 
 WINGS = ["_library", "_runtime", "_export", "_tools"]  # each imports only those before it
+CLIENTS = ["compat"]  # built on the public API alone
 PACKAGE_LEVEL = "package"  # opbridge/__init__.py, __main__.py, testing.py: the public API
 MAX_LINES = 400
 
@@ -40,7 +43,7 @@ MODULES = {_module_name(p): p for p in sorted(PACKAGE.glob("**/*.py")) if "_sdk"
 
 def _wing(module: str) -> str:
     first = module.split(".")[0]
-    return first if first in WINGS else PACKAGE_LEVEL
+    return first if first in WINGS or first in CLIENTS else PACKAGE_LEVEL
 
 
 def _imports(name: str) -> list[tuple[str, str, str, int]]:
@@ -78,7 +81,8 @@ def _edges() -> dict[str, set[str]]:
 
 def test_the_package_is_four_wings():
     wings = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name not in ("_sdk", "__pycache__")}
-    assert wings == set(WINGS), f"the package's folders are {sorted(wings)}, the wings {WINGS}"
+    assert wings == set(WINGS + CLIENTS), f"the package's folders are {sorted(wings)}, the wings {WINGS}, " \
+                                          f"the clients {CLIENTS}"
     loose = sorted(m for m in MODULES if _wing(m) == PACKAGE_LEVEL)
     assert loose == ["__init__", "__main__", "testing"], f"modules outside the wings: {loose}"
 
@@ -118,6 +122,13 @@ def test_imports_follow_the_wings(module):
             continue
         dst = _wing(target)
         if dst == src or src == PACKAGE_LEVEL:
+            continue
+        if src in CLIENTS:
+            if dst != PACKAGE_LEVEL:
+                bad.append(f"{where}: a client uses the package's public API only, not the {dst} wing")
+            continue
+        if dst in CLIENTS:
+            bad.append(f"{where}: nothing in the package imports the {dst} client")
             continue
         if dst == PACKAGE_LEVEL:
             if src != "_tools":
@@ -173,11 +184,12 @@ def test_core_includes_have_no_cycle():
 
 
 def test_generic_code_names_no_op():
-    """Core, the adapters and every module of the Python package are generic: none names an
-    op (by its name or its ONNX type)."""
+    """Core, the adapters and every module of the Python package but its clients are generic:
+    none names an op (by its name or its ONNX type)."""
     names = {n for op in opbridge.builtin.ops for n in (op.name, op.onnx_type)}
     files = sorted({*ROOT.glob("core/**/*.h"), *ROOT.glob("core/**/*.cc"),
-                    *(p for p in ROOT.glob("adapters/**/*") if p.is_file()), *MODULES.values()})
+                    *(p for p in ROOT.glob("adapters/**/*") if p.is_file()),
+                    *(p for m, p in MODULES.items() if _wing(m) not in CLIENTS)})
     assert len(files) > 10 and PACKAGE / "__init__.py" in files
     found = [f"{path.relative_to(ROOT)} names op '{name}'" for path in files for name in sorted(names)
              if re.search(rf"\b{re.escape(name)}\b", path.read_text(errors="replace"))]

@@ -46,6 +46,7 @@ class Substitution:
 
 _RULES: dict[str, Substitution] = {}
 _TORCH_DIR = str(Path(torch.__file__).parent)  # frames of PyTorch's own code
+_COMPAT = "opbridge.compat."  # the drop-in modules (opbridge.compat.install)
 _LOCK = threading.RLock()
 _DEPTH = [0]  # nested substitutions() blocks apply the rules once
 
@@ -186,6 +187,8 @@ def _apply(rule: Substitution, bindings: _Bindings) -> tuple[object, Callable] |
     if found is None:
         return None
     owner, name, obj = found
+    if (getattr(obj, "__module__", None) or "").startswith(_COMPAT):
+        return None  # an opbridge.compat module installed under the package's name: already opbridge's ops
     replacement = rule.replacement
     if _is_function_class(obj):
         if isinstance(replacement, _OpCall):  # apply(*args) takes forward's parameters after ctx
@@ -195,6 +198,8 @@ def _apply(rule: Substitution, bindings: _Bindings) -> tuple[object, Callable] |
         original = obj.apply
         bindings.set(obj, "apply", staticmethod(replacement))
         return original, replacement
+    if isinstance(obj, torch._ops.OpOverloadPacket):  # a rule for torch.ops.<namespace>.<op>
+        replacement = _OpStandIn(obj, replacement)
     static = inspect.getattr_static(owner, name)
     if isinstance(replacement, _OpCall):  # a class's function is a method (self first), as a classmethod's
         func = static.__func__ if isinstance(static, (staticmethod, classmethod)) else static
@@ -203,6 +208,21 @@ def _apply(rule: Substitution, bindings: _Bindings) -> tuple[object, Callable] |
     bindings.set(owner, name, replacement if not isinstance(static, (staticmethod, classmethod))
                  else type(static)(replacement))
     return obj, replacement
+
+
+class _OpStandIn:
+    """Stands in for a TORCH_LIBRARY op (torch.ops.ns.op) whose calls are substituted: calls run
+    the replacement, and everything else (its overloads, .default, its schema) is the op's, as
+    PyTorch's own walks over the op namespaces expect."""
+
+    def __init__(self, op, replacement: Callable):
+        self._op, self._replacement = op, replacement
+
+    def __call__(self, *args, **kwargs):
+        return self._replacement(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._op, name)
 
 
 def _rebind(spaces: list, original, replacement: Callable, bindings: _Bindings) -> None:

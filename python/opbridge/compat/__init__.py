@@ -1,0 +1,106 @@
+"""Drop-in modules with the public API of the packages point-cloud and detection models call,
+backed by opbridge's ops: a model that imports them runs eagerly on opbridge's kernels and exports
+with both exporters, with its code untouched.
+
+- `opbridge.compat.torch_cluster`: torch_cluster 1.6's fps, knn, knn_graph, radius,
+  radius_graph, nearest, grid_cluster;
+- `opbridge.compat.torch_scatter`: torch_scatter 2.1's scatter and its named reductions,
+  segment_csr, segment_coo;
+- `opbridge.compat.pointnet2_ops.pointnet2_utils`: pointnet2_ops 3.0's sampling, grouping and
+  interpolation functions, their Function classes, QueryAndGroup and GroupAll;
+- `opbridge.compat.pointops`: Pointcept's pointops (knn_query, farthest_point_sampling,
+  ball_query, grouping, interpolation and helpers);
+- `opbridge.compat.mmcv.ops`: mmcv 2.x's deformable convolutions;
+- `opbridge.compat.pyg_lib`: pyg-lib's torch.ops.pyg.fps / knn / radius / nearest, and PyG's flags.
+
+`install(*names)` makes `import <name>` resolve to the module here when the real package is not
+installed (or always, with force=True); pyg_lib's install registers its ops instead. docs/compat.md
+lists where each module differs from the package it stands in for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+
+from opbridge import OpbridgeError
+
+__all__ = ["PACKAGES", "install", "installed"]
+
+PACKAGES = ("torch_cluster", "torch_scatter", "pointnet2_ops", "pointops", "mmcv", "pyg_lib")
+
+
+class _Alias(importlib.abc.Loader):
+    """Loads `name` as the module opbridge.compat.<name> itself (one module object, one set of
+    functions, whichever name imported it)."""
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def create_module(self, spec):
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module) -> None:
+        pass  # ran when the compat module was imported
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """First on sys.meta_path: answers for the installed names and their submodules only."""
+
+    def __init__(self):
+        self.names: set[str] = set()
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] not in self.names:
+            return None
+        local = f"{__name__}.{fullname}"
+        spec = importlib.util.find_spec(local)
+        if spec is None:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _Alias(local),
+                                              is_package=spec.submodule_search_locations is not None)
+
+
+_FINDER = _Finder()
+
+
+def _real(name: str) -> bool:
+    """Whether the real package is importable (asked of the finders after this one)."""
+    if name in sys.modules and not getattr(sys.modules[name], "__name__", "").startswith(__name__):
+        return True
+    finders = [f for f in sys.meta_path if f is not _FINDER]
+    return any(getattr(f, "find_spec", None) and f.find_spec(name, None) for f in finders)
+
+
+def install(*names: str, force: bool = False) -> dict[str, str]:
+    """Makes `import name` (and `from name.sub import f`) resolve to opbridge.compat.<name> for
+    each package in `names` (default: all of PACKAGES) that is not installed, or for every one
+    with force=True (a package already imported keeps its module). pyg_lib is registered instead
+    (its ops in torch.ops.pyg, PyG's flags). Returns, per name, "real" (left to the installed
+    package), "compat" (resolves here) or "registered"."""
+    wanted = names or PACKAGES
+    unknown = [n for n in wanted if n not in PACKAGES]
+    if unknown:
+        raise OpbridgeError(f"opbridge.compat.install: no compat module for {', '.join(map(repr, unknown))}; "
+                            f"there are {', '.join(PACKAGES)}")
+    result = {}
+    for name in wanted:
+        if name == "pyg_lib":
+            importlib.import_module(f"{__name__}.pyg_lib").register()
+            result[name] = "registered"
+        elif not force and name not in _FINDER.names and _real(name):
+            result[name] = "real"
+        else:
+            _FINDER.names.add(name)
+            result[name] = "compat"
+    if _FINDER.names and _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+    return result
+
+
+def installed() -> list[str]:
+    """The package names that resolve to compat modules."""
+    return sorted(_FINDER.names)

@@ -1,0 +1,172 @@
+"""pyg-lib's point-cloud operators, `torch.ops.pyg.fps`, `knn`, `radius` and `nearest`, with
+pyg-lib's schemas, on opbridge's ops.
+
+PyTorch Geometric 2.8 calls these (no longer torch_cluster) from `torch_geometric.nn.pool`'s fps,
+knn, knn_graph, radius, radius_graph and nearest, from DynamicEdgeConv, XConv and GravNetConv.
+pyg-lib has no wheels on PyPI, so on a pip-installed CPU machine those raise
+`ImportError: 'knn' requires 'pyg-lib>=0.6.0'`. `register()` (or
+`opbridge.compat.install("pyg_lib")`) defines the four ops when pyg-lib has not, and sets the
+`torch_geometric.typing` flags PyG reads at call time (WITH_FPS, WITH_KNN, WITH_RADIUS,
+WITH_NEAREST). It does not fake a `pyg_lib` module: PyG's import of one reads far more than these
+ops. Eager calls run opbridge's ops; opbridge.export substitutes the four ops with the functions
+here, so that both exporters trace through them to opbridge's ops (custom nodes), and substitutes
+PyG's index2ptr and scatter so that the number of examples stays an input of the graph.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+import opbridge
+
+from . import _batches as b
+
+__all__ = ["SCHEMAS", "register"]
+
+SCHEMAS = {  # pyg-lib's own definitions (pyg_lib/csrc/ops/*.cpp, 0.6.0 to 0.8.0)
+    "fps": "fps(Tensor src, Tensor ptr, float ratio=0.5, bool random_start=True) -> Tensor",
+    "knn": "knn(Tensor x, Tensor y, Tensor? ptr_x=None, Tensor? ptr_y=None, int k=1, bool cosine=False, "
+           "int num_workers=1) -> Tensor",
+    "radius": "radius(Tensor x, Tensor y, Tensor? ptr_x=None, Tensor? ptr_y=None, float r=1.0, "
+              "int max_num_neighbors=32, int num_workers=1, bool ignore_same_index=False) -> Tensor",
+    "nearest": "nearest(Tensor x, Tensor y, Tensor? ptr_x=None, Tensor? ptr_y=None) -> Tensor",
+}
+_FLAGS = ("WITH_FPS", "WITH_KNN", "WITH_RADIUS", "WITH_NEAREST")
+_LIBRARY: list = []  # the torch.library.Library that holds the definitions, kept alive
+
+
+def _ptrs(x: Tensor, y: Tensor, ptr_x: Optional[Tensor], ptr_y: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Both pointers as int64 of one length: a missing one is one segment, and each is followed by
+    as many empty segments as the other has entries (PyG passes the pointers of two batch vectors,
+    whose lengths follow each one's max; padding both by the other's length needs no comparison
+    of data-dependent sizes while exporting)."""
+    px = b.whole(x) if ptr_x is None else ptr_x.long()
+    if ptr_x is ptr_y and (ptr_x is not None or x is y):  # one batch vector's (knn_graph)
+        return px, px
+    py = b.whole(y) if ptr_y is None else ptr_y.long()
+    return torch.cat([px, px[-1:].expand(py.size(0))]), torch.cat([py, py[-1:].expand(px.size(0))])
+
+
+def _points(api: str, x: Tensor, y: Tensor, cosine: bool = False) -> tuple[Tensor, Tensor]:
+    if x.dim() != 2 or y.dim() != 2 or x.size(1) != y.size(1):
+        raise ValueError(f"{api}: x and y are (n, d) and (m, d) points, got {tuple(x.shape)} and {tuple(y.shape)}")
+    if cosine:
+        x, y = torch.nn.functional.normalize(x, dim=-1), torch.nn.functional.normalize(y, dim=-1)
+    return x.contiguous(), y.contiguous()
+
+
+def fps(src: Tensor, ptr: Tensor, ratio: float = 0.5, random_start: bool = True) -> Tensor:
+    return torch.ops.opbridge.furthest_point_sampling_ratio(src, ptr.long(), ratio, random_start)
+
+
+def knn(x: Tensor, y: Tensor, ptr_x: Optional[Tensor] = None, ptr_y: Optional[Tensor] = None, k: int = 1,
+        cosine: bool = False, num_workers: int = 1) -> Tensor:
+    if b.empty(x, y):
+        return torch.empty(2, 0, dtype=torch.long, device=x.device)
+    x, y = _points("pyg::knn", x, y, cosine)
+    px, py = _ptrs(x, y, ptr_x, ptr_y)
+    return b.pairs(b.neighbours("pyg::knn", x, y, k, px, py))
+
+
+def radius(x: Tensor, y: Tensor, ptr_x: Optional[Tensor] = None, ptr_y: Optional[Tensor] = None, r: float = 1.0,
+           max_num_neighbors: int = 32, num_workers: int = 1, ignore_same_index: bool = False) -> Tensor:
+    if b.empty(x, y):
+        return torch.empty(2, 0, dtype=torch.long, device=x.device)
+    x, y = _points("pyg::radius", x, y)
+    px, py = _ptrs(x, y, ptr_x, ptr_y)
+    batch_x, batch_y = b.segment_of(x, px), b.segment_of(y, py)
+    cap = max_num_neighbors + 1 if ignore_same_index else max_num_neighbors
+    edges = torch.ops.opbridge.radius(x, y, batch_x, batch_y, r=float(r), max_num_neighbors=cap)
+    if not ignore_same_index:
+        return edges
+    # Drop each query's own row; it must not count towards max_num_neighbors, so one more was
+    # asked for and the rest is cut to the first max_num_neighbors of each query (lowest rows).
+    edges = edges[:, edges[0] != edges[1]]
+    rank = torch.arange(edges.size(1), device=x.device) - torch.searchsorted(edges[0], edges[0])
+    return edges[:, rank < max_num_neighbors]
+
+
+def nearest(x: Tensor, y: Tensor, ptr_x: Optional[Tensor] = None, ptr_y: Optional[Tensor] = None) -> Tensor:
+    x, y = _points("pyg::nearest", x, y)
+    if b.empty(x):
+        return torch.empty(0, dtype=torch.long, device=x.device)
+    px, py = _ptrs(x, y, ptr_x, ptr_y)
+    b.check(lambda: bool(((px[1:] > px[:-1]) <= (py[1:] > py[:-1])).all()), "pyg::nearest",
+            "a segment has points in x and none in y")
+    return b.neighbours("pyg::nearest", y, x, 1, py, px)[:, 0].long()
+
+
+def _defined(name: str) -> bool:
+    try:
+        getattr(torch.ops.pyg, name)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def index2ptr(index: Tensor, size: Optional[int] = None) -> Tensor:
+    """torch_geometric.index.index2ptr (a sorted index's CSR pointers), with the size read so that
+    neither exporter bakes it: PyG's own `int(index.max())` fails torch.export and fixes the
+    number of examples in a trace. Substituted inside opbridge.export and substitutions()."""
+    count = size
+    if count is None:
+        count = b.batch_size_of(index) if not b.empty(index) else 0
+    ptr = b.pointers(index, count)
+    return ptr if index.dtype == torch.int64 else ptr.int()
+
+
+def batch_to_ptr(batch: Optional[Tensor], batch_size: Optional[int] = None) -> Optional[Tensor]:
+    """torch_geometric.nn.pool's _batch_to_ptr, on index2ptr above."""
+    return None if batch is None else index2ptr(batch, batch_size)
+
+
+def _scatter_on_ops(original):
+    """torch_geometric.utils.scatter with its sum/mean/min/max/mul reductions on
+    opbridge.compat.torch_scatter (one opbridge::ScatterReduce node each in an export, where PyG's
+    own ONNX branch fails under the TorchScript exporter); `any` stays PyG's."""
+    from . import torch_scatter
+
+    def scatter(src: Tensor, index: Tensor, dim: int = 0, dim_size: Optional[int] = None,
+                reduce: str = "sum") -> Tensor:
+        name = {"add": "sum", "amin": "min", "amax": "max"}.get(reduce, reduce)
+        if name not in ("sum", "mean", "min", "max", "mul") or not isinstance(index, Tensor) or index.dim() != 1:
+            return original(src, index, dim, dim_size, reduce)
+        return torch_scatter.scatter(src, index, dim, dim_size=dim_size, reduce=name)
+
+    return scatter
+
+
+def register() -> list[str]:
+    """Defines those of pyg::fps/knn/radius/nearest that nothing has defined (pyg-lib, when
+    installed and imported, wins), and sets torch_geometric.typing's flags for them when PyTorch
+    Geometric is installed (importing its typing module). It also adds the substitutions that
+    opbridge.export applies to PyG's code: the four ops themselves (the exporters then trace these
+    functions, whoever defined the ops), index2ptr and _batch_to_ptr (sizes read without baking
+    them) and utils.scatter (on opbridge's scatter ops). The ops defined here, by name."""
+    if importlib.util.find_spec("pyg_lib") is not None:
+        import pyg_lib  # noqa: F401  its ops, where it has them
+    added = [name for name in SCHEMAS if not _defined(name)]
+    if added:
+        lib = torch.library.Library("pyg", "FRAGMENT")
+        for name in added:
+            lib.define(SCHEMAS[name])
+            lib.impl(name, getattr(sys.modules[__name__], name), "CompositeExplicitAutograd")
+        _LIBRARY.append(lib)
+    if importlib.util.find_spec("torch_geometric") is not None:
+        import torch_geometric.typing as flags
+
+        for flag in _FLAGS:
+            setattr(flags, flag, True)
+        import torch_geometric.utils._scatter as pyg_scatter
+
+        opbridge.substitute("torch_geometric.utils._scatter.scatter", _scatter_on_ops(pyg_scatter.scatter))
+    for name in SCHEMAS:  # exports trace these functions, not the ops (pyg-lib's own have no export)
+        opbridge.substitute(f"torch.ops.pyg.{name}", getattr(sys.modules[__name__], name))
+    opbridge.substitute("torch_geometric.index.index2ptr", index2ptr)
+    opbridge.substitute("torch_geometric.nn.pool._batch_to_ptr", batch_to_ptr)
+    return added
