@@ -10,6 +10,11 @@ openpoints' PointNet++ (classification and segmentation): its Functions over a C
 wheel does not ship cannot run on a CPU at all; substituted by the rules of furthest_point_sampling,
 ball_query, group_points, three_nn and three_interpolate, the models run eagerly and export with
 both exporters, called with their data dict as openpoints calls them.
+
+PyTorch Geometric 2.8's DynamicEdgeConv (DGCNN) and PointNet++ set abstraction (fps, radius,
+PointNetConv): pyg-lib, which PyG calls for them, has no wheels; opbridge.compat registers its ops,
+and both exporters write opbridge's nodes for them and for PyG's max aggregation. Each export is
+also run at a second batch that splits the points differently.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import envs
 RUNNER = Path(__file__).with_name("real_models.py")
 TRANSFORMERS = ["transformers==5.23.0"]
 OPENPOINTS = ["openpoints==0.1.2"]
+PYG = ["torch-geometric==2.8.1"]
 
 
 def _report(python: Path, model: str, tmp_path: Path) -> dict:
@@ -58,11 +64,16 @@ def test_deformable_detr_exports_one_node_per_attention_and_matches_eager(deform
     assert entry["vs_original"] < 1e-4 * max(1.0, entry["scale"]), entry
 
 
+def _reports(env: str, requirements: list[str], models: tuple[str, ...], tmp_path_factory) -> dict:
+    """The reports of `models`, run in the environment `env` holding `requirements`."""
+    python = envs.python_with(env, requirements, on_top=True)
+    out = tmp_path_factory.mktemp(env)
+    return {m: _report(python, m, out) for m in models}
+
+
 @pytest.fixture(scope="module")
 def openpoints(tmp_path_factory):
-    python = envs.python_with("openpoints-0.1.2", OPENPOINTS, on_top=True)
-    out = tmp_path_factory.mktemp("openpoints")
-    return {m: _report(python, m, out) for m in ("pointnet2_cls", "pointnet2_seg")}
+    return _reports("openpoints-0.1.2", OPENPOINTS, ("pointnet2_cls", "pointnet2_seg"), tmp_path_factory)
 
 
 @pytest.mark.parametrize("model,nodes", [
@@ -77,3 +88,25 @@ def test_openpoints_pointnet2_exports_with_the_substituted_ops_and_matches_eager
     assert "error" not in entry, entry.get("error")
     assert set(entry["nodes"]) == {f"opbridge::{n}" for n in nodes}
     assert entry["vs_substituted"] <= 1e-5 * max(1.0, entry["scale"]), entry
+
+
+@pytest.fixture(scope="module")
+def pyg(tmp_path_factory):
+    return _reports("torch-geometric-2.8.1", PYG, ("pyg_dgcnn", "pyg_pointnet2"), tmp_path_factory)
+
+
+@pytest.mark.parametrize("model,nodes", [
+    ("pyg_dgcnn", {"KnnQuery", "ScatterReduceArg"}),
+    ("pyg_pointnet2", {"FurthestPointSamplingRatio", "Radius", "ScatterReduceArg"})])
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_pyg_models_export_on_the_registered_pyg_ops_and_match_eager(pyg, model, nodes, exporter):
+    report = pyg[model]
+    # Eagerly the model runs on torch.ops.pyg as opbridge.compat registers it; nothing else to compare.
+    assert report["eager_substituted_vs_original"] == 0.0
+    entry = report["exports"][exporter]
+    assert "error" not in entry, entry.get("error")
+    assert set(entry["nodes"]) == {f"opbridge::{n}" for n in nodes}
+    assert entry["vs_substituted"] <= 1e-5 * max(1.0, entry["scale"]), entry
+    # Run again at another split of the points between the two examples: nothing read from the
+    # first batch vector (the examples' sizes, the sampled and paired counts) is baked in.
+    assert entry["second_vs_substituted"] <= 1e-5 * max(1.0, entry["scale"]), entry
