@@ -100,7 +100,13 @@ def test_exports_as_grid_cluster_and_matches(exporter, dtype, given):
     assert report.ok, report.table()
 
 
-@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+@pytest.mark.parametrize("exporter", [
+    pytest.param("dynamo", marks=pytest.mark.xfail(
+        HAVE_TORCH_CLUSTER, strict=True,
+        reason="the real torch_cluster registers its grid as a catch-all (CompositeImplicitAutograd) C++ kernel: "
+               "torch.export runs it on fake tensors, which fixes the number of points (a fake kernel cannot be "
+               "added to such an op); the stand-in without torch_cluster has one")),
+    "torchscript"])
 def test_dynamic_number_of_points(exporter):
     model, args, _ = _case("float32", "none")
     m = opbridge.export(model, args, exporter=exporter, input_names=["pos", "size"],
