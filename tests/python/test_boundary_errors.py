@@ -78,6 +78,8 @@ def test_cli_export_failure_is_one_plain_line(tmp_path, factory, exporter, messa
     assert lines[0].endswith(" (--verbose for the traceback)")
     assert "\x1b[" not in r.stderr and "Traceback" not in r.stderr and "Torch IR graph" not in r.stdout + r.stderr
     assert r.stdout == ""
+    if factory == "Unknown":  # advice that holds: the dynamo exporter has no translation for it either
+        assert "use the dynamo exporter" not in lines[0] and "substitute the Python function" in lines[0]
 
 
 def test_cli_export_failure_with_verbose_keeps_the_traceback(tmp_path):

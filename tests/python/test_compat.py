@@ -373,3 +373,26 @@ def test_compat_calls_export_and_keep_the_number_of_examples_an_input(exporter):
     sess = opbridge.session(proto)
     got = sess.run(None, dict(zip([i.name for i in sess.get_inputs()], [pos3.numpy(), batch3.numpy()])))[0]
     np.testing.assert_allclose(got, model(pos3, batch3).detach().numpy(), atol=1e-6)
+
+
+@pytest.mark.skipif(_installed("torch_scatter") is None or _installed("torch_cluster") is None,
+                    reason="torch_scatter / torch_cluster are not installed (scripts/oracles.sh builds them)")
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_the_real_packages_functions_export_through_their_twins(exporter):
+    # The real functions call catch-all C++ ops that neither exporter can write; importing
+    # opbridge.compat (done above) substitutes them while exporting.
+    import torch_cluster
+    import torch_scatter
+
+    class Layer(torch.nn.Module):
+        def forward(self, pos, batch):
+            row, col = torch_cluster.knn_graph(pos, 6, batch)
+            return torch_scatter.scatter_max(pos[col] - pos[row], row, 0, dim_size=pos.size(0))[0]
+
+    pos, batch = _cloud(200, examples=2, seed=21, dtype=torch.float32)
+    proto = opbridge.export(Layer(), (pos, batch), exporter=exporter)
+    assert "KnnQuery" in {n.op_type for n in proto.graph.node}
+    pos3, batch3 = _cloud(200, examples=3, seed=22, dtype=torch.float32)
+    sess = opbridge.session(proto)
+    got = sess.run(None, dict(zip([i.name for i in sess.get_inputs()], [pos3.numpy(), batch3.numpy()])))[0]
+    np.testing.assert_allclose(got, Layer()(pos3, batch3).numpy(), atol=1e-6)  # the real packages, eagerly

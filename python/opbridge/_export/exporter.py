@@ -322,6 +322,10 @@ def _undeclared_nodes():
         raise
 
 
+_SUBSTITUTE = ("substitute the Python function that calls it (opbridge.substitute; importing opbridge.compat adds "
+               "rules for torch_cluster's and torch_scatter's functions, docs/compat.md)")
+
+
 @contextlib.contextmanager
 def _missing_ops():
     """An op that neither exporter nor a loaded opbridge library can write fails deep inside the
@@ -342,15 +346,19 @@ def _missing_ops():
                 raise OpbridgeError(
                     f"{ns}::{name}: no ONNX translation (the dynamo exporter has none and no loaded opbridge library "
                     f"defines one): pass extra_translations={{torch.ops.{ns}.{name}.{overload}: <onnxscript "
-                    "function>}, or give the op rules in an opbridge library (docs/authoring.md)") from e
+                    "function>}, give the op rules in an opbridge library (docs/authoring.md), or "
+                    + _SUBSTITUTE) from e
             m = re.search(r"operator with unrecognized namespace (\w+::\w+)|Exporting the operator '(\w+::\w+)' "
                           r"to ONNX opset version (\d+) is not supported", text)
             if m:
                 op = m.group(1) or m.group(2)
+                # The dynamo exporter is advice only where it has a translation for the op.
+                dynamo = any(k.name().split(".")[0] == op for k in translation_table())
                 raise OpbridgeError(
                     f"{op}: no ONNX symbolic for the TorchScript exporter" + (f" at opset {m.group(3)}" if m.group(3)
                                                                               else "")
                     + f": register one with torch.onnx.register_custom_op_symbolic('{op}', ...), give the op rules in "
-                    "an opbridge library (docs/authoring.md), or use the dynamo exporter") from e
+                    "an opbridge library (docs/authoring.md), " + ("use the dynamo exporter, which translates it, "
+                                                                   if dynamo else "") + "or " + _SUBSTITUTE) from e
             cur = cur.__cause__ or cur.__context__
         raise

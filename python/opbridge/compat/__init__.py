@@ -13,6 +13,10 @@ with both exporters, with its code untouched.
 - `opbridge.compat.mmcv.ops`: mmcv 2.x's deformable convolutions;
 - `opbridge.compat.pyg_lib`: pyg-lib's torch.ops.pyg.fps / knn / radius / nearest, and PyG's flags.
 
+Importing opbridge.compat also adds substitution rules for the installed torch_cluster's and
+torch_scatter's own functions: their TORCH_LIBRARY ops have no ONNX export (and, as catch-all C++
+kernels, cannot be traced by torch.export), so opbridge.export traces the functions here instead.
+
 `install(*names)` makes `import <name>` resolve to the module here when the real package is not
 installed (or always, with force=True); pyg_lib's install registers its ops instead. docs/compat.md
 lists where each module differs from the package it stands in for.
@@ -26,6 +30,7 @@ import importlib.machinery
 import importlib.util
 import sys
 
+import opbridge
 from opbridge import OpbridgeError
 
 __all__ = ["PACKAGES", "install", "installed"]
@@ -104,3 +109,19 @@ def install(*names: str, force: bool = False) -> dict[str, str]:
 def installed() -> list[str]:
     """The package names that resolve to compat modules."""
     return sorted(_FINDER.names)
+
+
+# The real packages' public functions with a compat twin of the same signature.
+_TWINS = {"torch_cluster": ("fps", "knn", "knn_graph", "radius", "radius_graph", "nearest", "grid_cluster"),
+          "torch_scatter": None}  # None: every function of the compat module
+
+
+def _substitute_the_real_packages() -> None:
+    for package, names in _TWINS.items():
+        twin = importlib.import_module(f"{__name__}.{package}")
+        for name in names or twin.__all__:
+            opbridge.substitute(f"{package}.{name}", getattr(twin, name),
+                                doc=f"opbridge.compat.{package}.{name}, on opbridge's ops")
+
+
+_substitute_the_real_packages()
