@@ -29,3 +29,13 @@ def test_a_python_condition_on_data_is_named_with_its_line_and_the_way_out(capfd
     assert capfd.readouterr().err == ""  # torch.export's dump of the partial graph is not printed
     proto = opbridge.export(model, (x,), exporter="torchscript")  # the way out the message gives
     assert opbridge.verify(model, (x,), proto).ok
+
+
+def test_the_torchscript_traces_fixed_values_are_summarised_once_per_line():
+    model, x = _BranchesOnData(), torch.randn(4, 4)
+    with pytest.warns(torch.jit.TracerWarning) as record:
+        opbridge.export(model, (x,), exporter="torchscript")
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "the line the error" in text)
+    mine = [w for w in record if w.filename == __file__]
+    assert [w.lineno for w in mine] == [line], [(w.filename, w.lineno, str(w.message)) for w in record]
+    assert "the TorchScript trace fixed a value here: Converting a tensor to a Python boolean" in str(mine[0].message)

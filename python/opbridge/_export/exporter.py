@@ -98,6 +98,11 @@ def export(
     Python-level operators with a substitution rule (opbridge.substitute) are traced as their
     replacements: see opbridge.substitutions.
 
+    The exporters' own output stays hidden unless verbose, but for the TorchScript trace's
+    TracerWarnings (a tensor read as a Python number or bool: a value fixed to the example), issued
+    once per line of the model's code when the export succeeds. A Python condition on data fails the dynamo exporter with
+    an OpbridgeError naming the line.
+
     optimize: each exporter's constant folding, and for dynamo onnxscript's rewrite rules unless
     they would change a value (`d + 1e-8` taken for `d`: then a warning; see _export/optimizer.py).
     """
@@ -211,18 +216,38 @@ def _quiet(verbose: bool, native_output: bool = False):
     loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "torch._subclasses",
                                               "torch.fx")]
     levels = [lg.level for lg in loggers]
+    caught: list = []
+    done = False
     try:
         for lg in loggers:
             lg.setLevel(logging.CRITICAL)
         # stderr too: torch.export prints the whole partial graph there before it raises.
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()), \
                 contextlib.redirect_stderr(io.StringIO()), \
                 (_native_output_hidden() if native_output else contextlib.nullcontext()):
-            warnings.simplefilter("ignore")
+            warnings.simplefilter("always")
             yield
+            done = True
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+        if done:  # a failed export says one thing: its error
+            _trace_warnings(caught)
+
+
+def _trace_warnings(caught: list) -> None:
+    """The TorchScript trace's TracerWarnings, the ones that explain a graph fixed to the example
+    (a tensor read as a Python number or bool, a condition taken once): re-issued once per place in
+    the model's code, on one line, where the rest of the exporters' warnings stay hidden."""
+    seen = set()
+    for w in caught:
+        if not issubclass(w.category, torch.jit.TracerWarning):
+            continue
+        first = str(w.message).strip().split(". ")[0].rstrip(".")
+        if (w.filename, w.lineno, first) not in seen:
+            seen.add((w.filename, w.lineno, first))
+            warnings.warn_explicit(f"the TorchScript trace fixed a value here: {first}", torch.jit.TracerWarning,
+                                   w.filename, w.lineno)
 
 
 @contextlib.contextmanager
