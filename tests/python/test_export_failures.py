@@ -1,6 +1,7 @@
-"""What an export failure says (python/opbridge/_export/failures.py): a Python condition on a
-value read from the data names the model's line and the exporter that records it, without
-torch.export's dump of the partial graph."""
+"""What an export says and takes (python/opbridge/_export/failures.py, exporter.py): a Python
+condition on a value read from the data names the model's line and the exporter that records it,
+without torch.export's dump of the partial graph; the TorchScript trace's fixed values are
+summarised once per line; an ExportedProgram exports any number of times."""
 
 from pathlib import Path
 
@@ -39,3 +40,17 @@ def test_the_torchscript_traces_fixed_values_are_summarised_once_per_line():
     mine = [w for w in record if w.filename == __file__]
     assert [w.lineno for w in mine] == [line], [(w.filename, w.lineno, str(w.message)) for w in record]
     assert "the TorchScript trace fixed a value here: Converting a tensor to a Python boolean" in str(mine[0].message)
+
+
+class _Pairs(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.ops.opbridge.radius(x, y, None, None, r=0.5, max_num_neighbors=8)
+
+
+def test_an_exported_program_with_a_data_dependent_size_exports_twice():
+    x, y = torch.rand(50, 3), torch.rand(10, 3)
+    program = torch.export.export(_Pairs(), (x, y))
+    for _ in range(2):  # the second export once failed: PendingUnbackedSymbolNotFound
+        assert opbridge.verify(_Pairs(), (x, y), opbridge.export(program, (x, y))).ok
+    with pytest.raises(opbridge.OpbridgeError, match="an ExportedProgram is exported by the dynamo exporter"):
+        opbridge.export(program, (x, y), exporter="torchscript")

@@ -22,7 +22,7 @@ from .._runtime.inspect import cannot_run
 from .dynamo import DEFAULT_DYNAMO_OPSET, translation_table
 from .functions import add_functions
 from .examples import KeywordsBound, distinct_examples
-from .failures import op_errors
+from .failures import op_errors, trace_warnings
 from .naming import name_outputs
 from .optimizer import optimize as optimize_program
 from .rules import ExportOptions
@@ -63,6 +63,9 @@ def export(
 ) -> onnx.ModelProto:
     """Exports `model` with opbridge's rules using either PyTorch exporter, runs the ONNX checker
     with full shape inference, saves to `f` if given, and returns the model.
+
+    model is a torch.nn.Module, or for the dynamo exporter a torch.export.ExportedProgram (its
+    shapes are its own; it can be exported any number of times, with other options each time).
 
     args are the positional arguments (a tuple; a dict among them, the last one too, is an argument
     like any other) and kwargs the keyword arguments: opbridge.verify takes the same. A trailing
@@ -122,6 +125,8 @@ def export(
                                 "use exporter='torchscript' for older opsets")
         if dynamic_shapes is None:
             dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_axes)
+        if isinstance(model, torch.export.ExportedProgram):
+            _reusable(model)
         opset = opset or DEFAULT_DYNAMO_OPSET
         table = translation_table(opset=opset, custom_nodes=custom_nodes, portable=portable)
         table.update(extra_translations or {})
@@ -143,6 +148,9 @@ def export(
             )
         if dynamic_shapes is not None:
             raise OpbridgeError("dynamic_shapes is for the dynamo exporter; the TorchScript exporter takes dynamic_axes")
+        if isinstance(model, torch.export.ExportedProgram):
+            raise OpbridgeError("an ExportedProgram is exported by the dynamo exporter; the TorchScript exporter "
+                                "traces a torch.nn.Module (pass program.module() to trace its graph)")
         if kwargs:
             # The TorchScript exporter passes everything positionally: bind keywords here.
             model, args = KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
@@ -174,6 +182,17 @@ def export(
 
 def _modules(model) -> list[torch.nn.Module]:
     return [model] if isinstance(model, torch.nn.Module) else []
+
+
+def _reusable(program: torch.export.ExportedProgram) -> None:
+    """Exporting a program decomposes it, which leaves a data-dependent size it made pending in the
+    program's shape environment; a second export of the same program then fails
+    (PendingUnbackedSymbolNotFound). Nothing is pending between exports: clear it."""
+    for node in program.graph.nodes:
+        env = getattr(getattr(node.meta.get("val"), "fake_mode", None), "shape_env", None)
+        if env is not None:
+            getattr(env, "pending_fresh_unbacked_symbols", []).clear()
+            return
 
 
 def _torch_args(args: tuple) -> tuple:
@@ -232,22 +251,7 @@ def _quiet(verbose: bool, native_output: bool = False):
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
         if done:  # a failed export says one thing: its error
-            _trace_warnings(caught)
-
-
-def _trace_warnings(caught: list) -> None:
-    """The TorchScript trace's TracerWarnings, the ones that explain a graph fixed to the example
-    (a tensor read as a Python number or bool, a condition taken once): re-issued once per place in
-    the model's code, on one line, where the rest of the exporters' warnings stay hidden."""
-    seen = set()
-    for w in caught:
-        if not issubclass(w.category, torch.jit.TracerWarning):
-            continue
-        first = str(w.message).strip().split(". ")[0].rstrip(".")
-        if (w.filename, w.lineno, first) not in seen:
-            seen.add((w.filename, w.lineno, first))
-            warnings.warn_explicit(f"the TorchScript trace fixed a value here: {first}", torch.jit.TracerWarning,
-                                   w.filename, w.lineno)
+            trace_warnings(caught)
 
 
 @contextlib.contextmanager

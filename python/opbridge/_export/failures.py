@@ -1,10 +1,12 @@
-"""What an export failure says: the exporters' own errors, unwrapped to the op, the Python-level
-operator or the line of the model that caused them."""
+"""What an export says when it fails or fixes a value: the exporters' own errors, unwrapped to the
+op, the Python-level operator or the line of the model that caused them; the TorchScript trace's
+warnings, once per line."""
 
 from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 
 import torch
 
@@ -61,3 +63,18 @@ def _data_dependent(root: BaseException) -> str:
             f"number read from a tensor), which torch.export cannot trace. The TorchScript exporter records "
             f"the path these inputs take: export with exporter='torchscript' (and verify it at other inputs), "
             f"or change the condition (torch._check(...) to state what holds, torch.cond for a real branch).")
+
+
+def trace_warnings(caught: list) -> None:
+    """The TorchScript trace's TracerWarnings, the ones that explain a graph fixed to the example
+    (a tensor read as a Python number or bool, a condition taken once): re-issued once per place in
+    the model's code, on one line, where the rest of the exporters' warnings stay hidden."""
+    seen = set()
+    for w in caught:
+        if not issubclass(w.category, torch.jit.TracerWarning):
+            continue
+        first = str(w.message).strip().split(". ")[0].rstrip(".")
+        if (w.filename, w.lineno, first) not in seen:
+            seen.add((w.filename, w.lineno, first))
+            warnings.warn_explicit(f"the TorchScript trace fixed a value here: {first}", torch.jit.TracerWarning,
+                                   w.filename, w.lineno)
