@@ -159,3 +159,44 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     assert cache_root() == tmp_path / "xdg" / "opbridge" / "jit"
     with pytest.raises(opbridge.OpbridgeError, match="op library name 'no-dash' is not an identifier"):
         opbridge.load_inline("no-dash", "")
+
+
+FLAGS_SOURCE = textwrap.dedent("""\
+    #include <opbridge/op.h>
+    #include "scales.h"  // SCALE_A, from extra_include_paths
+
+    namespace jitflags {
+    using namespace opbridge;
+
+    void scaled_kernel(KernelContext&, const TensorView& x, TensorView& y) {
+      const float* px = x.data_as<float>();
+      float* py = y.data_as<float>();
+      for (int64_t i = 0; i < x.numel(); ++i) py[i] = px[i] * (SCALE_A * SCALE_B * SCALE_C);
+    }
+
+    OPBRIDGE_OP(scaled)
+        .doc("x times the constants the build was given")
+        .types("T", {DType::Float32})
+        .input("x", "T", "input")
+        .output("y", "T", shape::same({"x"}), "x * SCALE_A * SCALE_B * SCALE_C")
+        .cpu(scaled_kernel);
+    }  // namespace jitflags
+    """)
+
+
+def test_load_inline_passes_include_paths_cmake_arguments_environment_and_link_flags(tmp_path):
+    from elftools.elf.elffile import ELFFile
+
+    headers = tmp_path / "include"
+    headers.mkdir()
+    (headers / "scales.h").write_text("#define SCALE_A 2.0f\n")
+    lib = opbridge.load_inline(
+        "jitflags", FLAGS_SOURCE, build_directory=tmp_path / "cache", extra_include_paths=[headers],
+        extra_cmake_args=["-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG -DSCALE_B=3.0f"],  # CMake's own variable
+        build_env={"CXXFLAGS": "-DSCALE_C=5.0f"},  # CMake reads CXXFLAGS from the environment
+        extra_ldflags=["-Wl,--build-id=none"])
+    x = torch.arange(4, dtype=torch.float32)
+    assert torch.equal(torch.ops.jitflags.scaled(x), x * 30)
+    for path in (lib.torch_path, lib.ort_path):
+        with open(path, "rb") as f:
+            assert ELFFile(f).get_section_by_name(".note.gnu.build-id") is None, path  # the link flag reached both

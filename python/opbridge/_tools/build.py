@@ -11,6 +11,7 @@ build and a killed build leaves nothing that looks finished."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -36,22 +37,48 @@ _LIBRARY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DONE = "entry.json"  # written last: an entry without it was never finished
 
 
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """What load_inline / load pass to the build beyond the sources, as
+    torch.utils.cpp_extension's extra_* arguments do; all of it is part of the cache key."""
+
+    cflags: tuple[str, ...] = ()  # compile options of the ops' sources
+    ldflags: tuple[str, ...] = ()  # link options of both libraries (-L..., -lfoo)
+    include_paths: tuple[str, ...] = ()
+    cmake_args: tuple[str, ...] = ()  # to CMake's configure step (-DFOO=1)
+    env: tuple[tuple[str, str], ...] = ()  # added to the build's environment
+
+    @classmethod
+    def of(cls, cflags, ldflags, include_paths, cmake_args, env) -> "_Options":
+        return cls(*(tuple(str(x) for x in v) for v in (cflags, ldflags, include_paths, cmake_args)),
+                   tuple(sorted((str(k), str(v)) for k, v in (env or {}).items())))
+
+
 def load_inline(name: str, source: str, *, torch_namespace: str | None = None, onnx_domain: str | None = None,
-                extra_cflags: Sequence[str] = (), build_directory: str | os.PathLike | None = None,
+                extra_cflags: Sequence[str] = (), extra_ldflags: Sequence[str] = (),
+                extra_include_paths: Sequence[str] = (), extra_cmake_args: Sequence[str] = (),
+                build_env: dict[str, str] | None = None, build_directory: str | os.PathLike | None = None,
                 verbose: bool = False) -> Library:
     """Compiles op definitions given as C++ source text (what an op file of an out-of-tree
     library holds: `#include <opbridge/op.h>` and OPBRIDGE_OP definitions) into an op library
     called `name` and loads it: torch.ops.<torch_namespace, default name>.<op>, ONNX domain
     `onnx_domain` (default the namespace), its ONNX Runtime library at `.ort_path`. Compiler
-    errors name lines of `<name>.cc`, the source text."""
-    return _load(name, [(f"{name}.cc", source, None)], torch_namespace, onnx_domain, extra_cflags, build_directory,
+    errors name lines of `<name>.cc`, the source text. extra_cflags (compile options),
+    extra_ldflags (link options), extra_include_paths, extra_cmake_args (CMake's configure step)
+    and build_env (variables added to the build's environment) reach the build as
+    torch.utils.cpp_extension's do, and are part of the cache key."""
+    options = _Options.of(extra_cflags, extra_ldflags, extra_include_paths, extra_cmake_args, build_env)
+    return _load(name, [(f"{name}.cc", source, None)], torch_namespace, onnx_domain, options, build_directory,
                  verbose)
 
 
 def load(name: str, sources: Iterable[str | os.PathLike], *, torch_namespace: str | None = None,
-         onnx_domain: str | None = None, extra_cflags: Sequence[str] = (),
-         build_directory: str | os.PathLike | None = None, verbose: bool = False) -> Library:
+         onnx_domain: str | None = None, extra_cflags: Sequence[str] = (), extra_ldflags: Sequence[str] = (),
+         extra_include_paths: Sequence[str] = (), extra_cmake_args: Sequence[str] = (),
+         build_env: dict[str, str] | None = None, build_directory: str | os.PathLike | None = None,
+         verbose: bool = False) -> Library:
     """As load_inline, from source files (compiler errors name them)."""
+    options = _Options.of(extra_cflags, extra_ldflags, extra_include_paths, extra_cmake_args, build_env)
     files = []
     for s in sources:
         path = Path(s).resolve()
@@ -60,7 +87,7 @@ def load(name: str, sources: Iterable[str | os.PathLike], *, torch_namespace: st
         files.append((path.name, path.read_text(), path))
     if not files:
         raise OpbridgeError(f"load('{name}'): no sources")
-    return _load(name, files, torch_namespace, onnx_domain, extra_cflags, build_directory, verbose)
+    return _load(name, files, torch_namespace, onnx_domain, options, build_directory, verbose)
 
 
 def cache_root() -> Path:
@@ -72,14 +99,13 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opbridge" / "jit"
 
 
-def _load(name, files, torch_namespace, onnx_domain, extra_cflags, build_directory, verbose) -> Library:
+def _load(name, files, torch_namespace, onnx_domain, options: _Options, build_directory, verbose) -> Library:
     if not _LIBRARY_NAME.fullmatch(name):
         raise OpbridgeError(f"op library name '{name}' is not an identifier (it names the library files and target)")
     ns = torch_namespace or name
     domain = onnx_domain or ns
-    flags = [str(f) for f in extra_cflags]
     compiler = _compiler()
-    key = _key(name, ns, domain, flags, files, compiler)
+    key = _key(name, ns, domain, options, files, compiler)
     root = Path(build_directory) if build_directory is not None else cache_root()
     entry = root / f"{name}-{key[:16]}"
     torch_path = entry / f"lib{name}_torch.so"
@@ -92,7 +118,7 @@ def _load(name, files, torch_namespace, onnx_domain, extra_cflags, build_directo
     if not (entry / _DONE).exists():
         with _locked(root / f"{entry.name}.lock"):
             if not (entry / _DONE).exists():  # another process may have built it meanwhile
-                _build(name, ns, domain, flags, files, compiler, root, entry, verbose)
+                _build(name, ns, domain, options, files, compiler, root, entry, verbose)
     elif verbose:
         print(f"opbridge: op library '{name}' from the cache ({entry})", file=sys.stderr)
     return load_library(torch_path, entry / f"lib{name}_ort.so")
@@ -106,9 +132,9 @@ def _compiler() -> str:
     return found
 
 
-def _key(name, ns, domain, flags, files, compiler) -> str:
+def _key(name, ns, domain, options: _Options, files, compiler) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    what = {"name": name, "namespace": ns, "domain": domain, "flags": flags,
+    what = {"name": name, "namespace": ns, "domain": domain, "options": dataclasses.asdict(options),
             "sources": [(n, text, str(p) if p else None) for n, text, p in files],
             "compiler": [compiler, version], "opbridge": build_info(), "torch": torch.__version__,
             "python": sys.version, "platform": sys.platform}
@@ -125,16 +151,23 @@ def _locked(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _cmake_lists(name, ns, domain, flags, sources: list[str]) -> str:
-    quoted = " ".join(f'"{s}"' for s in sources)
-    options = " ".join(f'"{f}"' for f in flags)
-    return (f"cmake_minimum_required(VERSION 3.24)\nproject({name}_jit LANGUAGES CXX)\nset(CMAKE_CXX_STANDARD 17)\n"
+def _cmake_lists(name, ns, domain, options: _Options, sources: list[str]) -> str:
+    def listed(items) -> str:
+        return " ".join('"' + i.replace("\\", "/").replace('"', '\\"') + '"' for i in items)
+
+    text = (f"cmake_minimum_required(VERSION 3.24)\nproject({name}_jit LANGUAGES CXX)\nset(CMAKE_CXX_STANDARD 17)\n"
             "find_package(opbridge REQUIRED)\n"
-            f"opbridge_add_op_library({name} SOURCES {quoted} TORCH_NAMESPACE {ns} ONNX_DOMAIN {domain})\n"
-            + (f"target_compile_options({name}_ops PRIVATE {options})\n" if flags else ""))
+            f"opbridge_add_op_library({name} SOURCES {listed(sources)} TORCH_NAMESPACE {ns} ONNX_DOMAIN {domain})\n")
+    if options.cflags:
+        text += f"target_compile_options({name}_ops PRIVATE {listed(options.cflags)})\n"
+    if options.include_paths:
+        text += f"target_include_directories({name}_ops PRIVATE {listed(options.include_paths)})\n"
+    for target in (f"{name}_torch", f"{name}_ort") if options.ldflags else ():
+        text += f"target_link_options({target} PRIVATE {listed(options.ldflags)})\n"
+    return text
 
 
-def _build(name, ns, domain, flags, files, compiler, root: Path, entry: Path, verbose: bool) -> None:
+def _build(name, ns, domain, options: _Options, files, compiler, root: Path, entry: Path, verbose: bool) -> None:
     for tool in ("cmake", "ninja"):
         if not shutil.which(tool):
             raise OpbridgeError(f"op library '{name}': building needs {tool}; install it, e.g. apt-get install "
@@ -149,17 +182,18 @@ def _build(name, ns, domain, flags, files, compiler, root: Path, entry: Path, ve
             sources.append(str(src / file_name))
         else:
             sources.append(str(path))
-    (src / "CMakeLists.txt").write_text(_cmake_lists(name, ns, domain, flags, sources))
+    (src / "CMakeLists.txt").write_text(_cmake_lists(name, ns, domain, options, sources))
     print(f"opbridge: building op library '{name}' (first use of this source; cached in {entry})", file=sys.stderr)
     start = time.perf_counter()
     prefix = f"{cmake_prefix_path()};{torch.utils.cmake_prefix_path}"
     steps = [("configure", ["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                            f"-DCMAKE_CXX_COMPILER={compiler}", f"-DCMAKE_PREFIX_PATH={prefix}"]),
+                            f"-DCMAKE_CXX_COMPILER={compiler}", f"-DCMAKE_PREFIX_PATH={prefix}", *options.cmake_args]),
              ("compile", ["cmake", "--build", str(build)])]
     with open(log_path, "w") as log:
         for step, cmd in steps:
             t0 = time.perf_counter()
-            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **dict(options.env)})
             log.write(f"$ {' '.join(cmd)}\n{r.stdout}\n")
             if verbose:
                 sys.stderr.write(r.stdout)
