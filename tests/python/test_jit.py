@@ -1,6 +1,7 @@
 """opbridge.load_inline / opbridge.load: an op library compiled from a Python string (or files),
 cached, exported with both exporters and run in ONNX Runtime from Python and from opbridge-run."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -200,3 +201,25 @@ def test_load_inline_passes_include_paths_cmake_arguments_environment_and_link_f
     for path in (lib.torch_path, lib.ort_path):
         with open(path, "rb") as f:
             assert ELFFile(f).get_section_by_name(".note.gnu.build-id") is None, path  # the link flag reached both
+
+
+def test_the_command_loads_a_cached_library_by_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPBRIDGE_JIT_DIR", str(tmp_path / "jit"))
+    opbridge.load_inline("jitcli", SOURCE.replace("jitdemo", "jitcli"))
+
+    class Model(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.ops.jitcli.split_scale(x, y, alpha=2.0)[0]
+
+    x = torch.rand(3, 4)
+    opbridge.export(Model(), (x, x), tmp_path / "m.onnx")
+
+    def inspect(*extra):
+        return subprocess.run([sys.executable, "-m", "opbridge", "inspect", str(tmp_path / "m.onnx"), *extra],
+                              capture_output=True, text=True, timeout=300, env={**os.environ})
+
+    assert "MISSING" in inspect().stdout  # not loaded: the command cannot know the op
+    r = inspect("--jit", "jitcli")
+    assert r.returncode == 0 and "MISSING" not in r.stdout and "SplitScale" in r.stdout, r.stdout + r.stderr
+    r = inspect("--jit", "nothere")
+    assert r.returncode == 1 and "no op library 'nothere'" in r.stderr and "cached: jitcli" in r.stderr, r.stderr

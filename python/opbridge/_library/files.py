@@ -149,3 +149,29 @@ def read_ort_side(path: str | os.PathLike) -> Library:
         if not ort_path.exists():
             raise OpbridgeError(f"{path.name} has no ONNX Runtime library beside it ({ort_path} is missing)")
     return read_manifest(ort_path, None, ort_path)
+
+
+JIT_DONE = "entry.json"  # the last file of a finished load_inline / load build
+
+
+def cache_root() -> Path:
+    """Where load_inline / load cache their builds: $OPBRIDGE_JIT_DIR, else
+    $XDG_CACHE_HOME/opbridge/jit (default ~/.cache/opbridge/jit). Deleting it clears the cache."""
+    env = os.environ.get("OPBRIDGE_JIT_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opbridge" / "jit"
+
+
+def jit_libraries() -> dict[str, Path]:
+    """The op libraries load_inline / load built into the cache, by name: the PyTorch side of the
+    most recent build of each (a name built from other sources has one entry per source)."""
+    found: dict[str, tuple[float, Path]] = {}
+    root = cache_root()
+    for done in root.glob(f"*/{JIT_DONE}") if root.is_dir() else ():
+        name = json.loads(done.read_text()).get("name", "")
+        torch_path = done.parent / f"lib{name}_torch.so"
+        when = done.stat().st_mtime
+        if name and torch_path.is_file() and when >= found.get(name, (-1.0, None))[0]:
+            found[name] = (when, torch_path)
+    return {name: path for name, (_, path) in sorted(found.items())}

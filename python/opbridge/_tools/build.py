@@ -29,12 +29,12 @@ import torch
 
 from .._export.loading import load_library
 from .._library.errors import OpbridgeError
-from .._library.files import build_info, cmake_prefix_path
+from .._library.files import JIT_DONE, build_info, cache_root, cmake_prefix_path
 from .._library.manifest import Library
 from .._library.registry import libraries
 
 _LIBRARY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_DONE = "entry.json"  # written last: an entry without it was never finished
+_DONE = JIT_DONE  # written last: an entry without it was never finished
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,15 +88,6 @@ def load(name: str, sources: Iterable[str | os.PathLike], *, torch_namespace: st
     if not files:
         raise OpbridgeError(f"load('{name}'): no sources")
     return _load(name, files, torch_namespace, onnx_domain, options, build_directory, verbose)
-
-
-def cache_root() -> Path:
-    """Where builds are cached: $OPBRIDGE_JIT_DIR, else $XDG_CACHE_HOME/opbridge/jit (default
-    ~/.cache/opbridge/jit). Deleting it clears the cache."""
-    env = os.environ.get("OPBRIDGE_JIT_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opbridge" / "jit"
 
 
 def _load(name, files, torch_namespace, onnx_domain, options: _Options, build_directory, verbose) -> Library:

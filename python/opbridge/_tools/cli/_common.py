@@ -108,12 +108,17 @@ def opbridge_api():
     return opbridge
 
 
-def load_libraries(paths: Sequence[str] | None) -> None:
-    """Loads each op library given with --library: whole when PyTorch is loaded (the commands
-    that need it load it first), else its ONNX Runtime side, all that inspection and sessions
-    need."""
+def load_libraries(paths: Sequence[str] | None, jit: Sequence[str] | None = None) -> None:
+    """Loads each op library given with --library, and with --jit by the name load_inline / load
+    built it under (from the JIT cache): whole when PyTorch is loaded (the commands that need it
+    load it first), else its ONNX Runtime side, all that inspection and sessions need."""
     ob = opbridge_api()
-    for p in paths or ():
+    cached = files.jit_libraries() if jit else {}
+    for name in jit or ():
+        if name not in cached:
+            raise CliError(f"--jit {name}: no op library '{name}' in the cache {files.cache_root()} (built by "
+                           f"opbridge.load_inline / load; cached: {', '.join(cached) or 'none'})")
+    for p in [*(paths or ()), *(str(cached[n]) for n in jit or ())]:
         progress(f"loading op library {p}")
         try:
             if ob.torch_deferred():

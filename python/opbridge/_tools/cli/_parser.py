@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="show tracebacks and the exporters' own output")
         c.add_argument("--library", action="append", metavar="LIB_torch.so",
                        help="also load this opbridge op library (repeatable)")
+        c.add_argument("--jit", action="append", metavar="NAME",
+                       help="also load the op library opbridge.load_inline / load built as NAME, from its cache "
+                            "(repeatable; an unknown NAME lists the cached ones)")
         cmd.add_arguments(c)
         c.set_defaults(func=cmd.run)
     return p

@@ -107,7 +107,7 @@ def run(args) -> int:
         raise UsageError("give the model's example inputs with --input NAME=SHAPE:DTYPE (one per forward argument)")
     no_duplicate_names(args.input)
     dynamic_axes = _dynamic_axes(args.input, args.dynamic)
-    load_libraries(args.library)
+    load_libraries(args.library, args.jit)
     ob = opbridge_api()
     model = build_model(args.factory)
     example = tuple(random_tensor(s, args.seed + k) for k, s in enumerate(args.input))

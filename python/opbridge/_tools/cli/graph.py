@@ -31,7 +31,7 @@ def add_arguments(c) -> None:
 
 
 def run(args) -> int:
-    load_libraries(args.library)
+    load_libraries(args.library, args.jit)
     from .. import graph as _graph
     from ..._runtime import inspect as I
 

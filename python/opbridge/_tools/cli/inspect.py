@@ -112,7 +112,7 @@ def session_check(path: str) -> str:
 
 
 def run(args) -> int:
-    load_libraries(args.library)
+    load_libraries(args.library, args.jit)
     from ..._runtime import inspect as I
 
     model = read_model(args.model)

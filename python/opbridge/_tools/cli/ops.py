@@ -85,7 +85,7 @@ EXPORT_KINDS = {  # known export kinds, for the legend only; others print as the
 
 
 def run(args) -> int:
-    load_libraries(args.library)
+    load_libraries(args.library, args.jit)
     ob = opbridge_api()
     libs = ob.libraries()
     if args.json:

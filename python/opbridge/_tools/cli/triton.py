@@ -76,7 +76,7 @@ def run(args) -> int:
     if not served.is_absolute():
         raise UsageError(f"--server-repository {args.server_repository}: give an absolute path (ONNX Runtime opens "
                          "op libraries relative to the server's working directory, not the model's folder)")
-    load_libraries(args.library)
+    load_libraries(args.library, args.jit)
     from ..._runtime import inspect as I
     from .. import triton as T
 

@@ -109,7 +109,7 @@ def run(args) -> int:
     if args.inputs and args.input:
         raise UsageError("give either --inputs FILE.npz or --input NAME=SHAPE:DTYPE, not both")
     no_duplicate_names(args.input or ())
-    load_libraries(args.library)
+    load_libraries(args.library, args.jit)
     ob = opbridge_api()
     read_model(args.model)  # a clear error for a missing or malformed file
     progress(f"creating an ONNX Runtime session for {args.model}")
