@@ -5,8 +5,9 @@
 builds the model with random weights in eval mode (its code untouched), exports it with both
 exporters through opbridge.export (which applies the substitutions), runs each export in ONNX
 Runtime and writes a report: per exporter, the largest differences to eager (the model's own
-path where it can run on a CPU, and on opbridge's ops), the opbridge nodes written, and the
-median times of eager (substituted) and ONNX Runtime. tests/python/test_models.py judges it.
+path where it can run on a CPU, and on opbridge's ops), the opbridge nodes written, and eager (on
+opbridge's ops) and ONNX Runtime timed in interleaved rounds (medians, and the median ratio with
+its spread). tests/python/test_models.py judges it.
 """
 
 from __future__ import annotations
@@ -181,6 +182,28 @@ def _outputs(out) -> list[np.ndarray]:
     return [t.numpy() for t in ((out,) if isinstance(out, torch.Tensor) else out)]
 
 
+def _interleaved(model, args, sessions: dict, rounds: int = 9) -> dict:
+    """Eager (on opbridge's ops) and each exporter's ONNX Runtime session timed in turn, round after
+    round, so that a noisy machine slows both alike: median times, and per exporter the median of
+    the rounds' eager / ONNX Runtime ratios with their spread."""
+    runs = {"eager": lambda: model(*args), **{k: (lambda s=s, f=f: s.run(None, f)) for k, (s, f) in sessions.items()}}
+    times: dict = {k: [] for k in runs}
+    with torch.no_grad(), opbridge.substitutions(model):
+        for fn in runs.values():
+            fn()  # warm-up
+        for _ in range(rounds):
+            for k, fn in runs.items():
+                t = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t)
+    out = {"eager_ms": statistics.median(times["eager"]) * 1e3}
+    for k in sessions:
+        ratios = sorted(e / o for e, o in zip(times["eager"], times[k]))
+        out[k] = {"ort_ms": statistics.median(times[k]) * 1e3, "speedup": statistics.median(ratios),
+                  "speedup_spread": [ratios[0], ratios[-1]]}
+    return out
+
+
 def _median_ms(fn, runs: int = 5) -> float:
     fn()
     times = []
@@ -201,15 +224,15 @@ def main(name: str, report_path: str) -> None:
             original, why = None, f"{type(e).__name__}: {e}"
         with opbridge.substitutions(model):
             substituted = _outputs(model(*args))
-            eager_ms = _median_ms(lambda: model(*args))
         original_ms = None if original is None else _median_ms(lambda: model(*args))
-    report = {"model": name, "opbridge": opbridge.__version__, "eager_ms": eager_ms, "eager_original_ms": original_ms,
+    report = {"model": name, "opbridge": opbridge.__version__, "eager_original_ms": original_ms,
               "exports": {},
               "eager_substituted_vs_original": None if original is None else
               max(float(np.abs(a - b).max()) for a, b in zip(substituted, original))}
     if original is None:
         report["original_fails"] = why
         original = substituted
+    sessions = {}
     for exporter in opbridge.EXPORTERS:
         entry = report["exports"][exporter] = {}
         try:
@@ -223,7 +246,10 @@ def main(name: str, report_path: str) -> None:
             entry["vs_original"] = max(float(np.abs(g - w).max()) for g, w in zip(got, original))
             entry["vs_substituted"] = max(float(np.abs(g - w).max()) for g, w in zip(got, substituted))
             entry["scale"] = max(float(np.abs(w).max()) for w in original)
-            entry["ort_ms"] = _median_ms(lambda: sess.run(None, feeds))
+            # Timed with its threads not spinning after a run, which would slow the eager runs between.
+            quiet = opbridge.session_options()
+            quiet.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            sessions[exporter] = (opbridge.session(proto, options=quiet), feeds)
             if second is not None:  # what the trace read from the first inputs must not be baked in
                 with torch.no_grad(), opbridge.substitutions(model):
                     want = _outputs(model(*second))
@@ -231,6 +257,10 @@ def main(name: str, report_path: str) -> None:
                 entry["second_vs_substituted"] = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
         except Exception as e:  # the report says what failed; the test decides
             entry["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
+    timing = _interleaved(model, args, sessions)
+    report["eager_ms"] = timing.pop("eager_ms")
+    for exporter, figures in timing.items():
+        report["exports"][exporter].update(figures)
     with open(report_path, "w") as f:
         json.dump(report, f, indent=1)
 
