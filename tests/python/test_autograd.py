@@ -121,3 +121,15 @@ def test_knn_distance_gradient_is_that_of_the_distances(queries):
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     assert idx.grad_fn is None and not idx.requires_grad
+
+
+def test_double_backward_is_refused_naming_the_op():
+    x = torch.randn(1, 2, 5, 5, requires_grad=True, dtype=torch.float64)
+    w = torch.randn(3, 2, 3, 3, requires_grad=True, dtype=torch.float64)
+    offset = torch.randn(1, 18, 3, 3, dtype=torch.float64, requires_grad=True)
+    out = torch.ops.opbridge.deform_conv2d(x, w, offset, None, None, [1, 1], [0, 0], [1, 1], 1, 1)
+    (g,) = torch.autograd.grad((out ** 2).sum(), x, create_graph=True)
+    with pytest.raises(opbridge.OpbridgeError, match=r"opbridge::deform_conv2d: double backward .* not supported"):
+        torch.autograd.grad(g.sum(), x)
+    (plain,) = torch.autograd.grad((out ** 2).sum(), x, retain_graph=True)  # without create_graph: as before
+    torch.testing.assert_close(plain, g.detach())

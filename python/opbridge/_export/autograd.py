@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .._library.errors import OpbridgeError
 from .._library.kinds import DTYPES
 from .._library.manifest import Library, OpInfo
 
@@ -52,9 +53,27 @@ def _formula(op: OpInfo, bwd: OpInfo):
             if shape is None or not ctx.needs_input_grad[k]:
                 continue
             out[k] = g.sum_to_size(shape) if g.shape != shape else g
+        if torch.is_grad_enabled():  # create_graph: these gradients may be differentiated again
+            sources = [t for t in (*ctx.saved_tensors, *grads) if isinstance(t, torch.Tensor) and t.requires_grad]
+            out = [g if g is None else _NoGradOfGrad.apply(op.qualified_name, g, *sources) for g in out]
         return tuple(out)
 
     return setup_context, backward
+
+
+class _NoGradOfGrad(torch.autograd.Function):
+    """Stands on a gradient computed under create_graph=True: differentiating it again is an error
+    that names the op (its backward op has no gradient), not PyTorch's "does not require grad"."""
+
+    @staticmethod
+    def forward(ctx, name, grad, *sources):
+        ctx.name = name
+        return grad.clone()
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise OpbridgeError(f"{ctx.name}: double backward (a gradient of its gradient) is not supported: its "
+                            "backward op has no gradient of its own")
 
 
 def register_autograd(lib: Library) -> None:
