@@ -162,9 +162,10 @@ def register() -> list[str]:
 
         for flag in _FLAGS:
             setattr(flags, flag, True)
-        import torch_geometric.utils._scatter as pyg_scatter
+        if importlib.util.find_spec("torch_geometric.utils._scatter") is not None:  # where this PyG has it
+            import torch_geometric.utils._scatter as pyg_scatter
 
-        opbridge.substitute("torch_geometric.utils._scatter.scatter", _scatter_on_ops(pyg_scatter.scatter))
+            opbridge.substitute("torch_geometric.utils._scatter.scatter", _scatter_on_ops(pyg_scatter.scatter))
     for name in SCHEMAS:  # exports trace these functions, not the ops (pyg-lib's own have no export)
         opbridge.substitute(f"torch.ops.pyg.{name}", getattr(sys.modules[__name__], name))
     opbridge.substitute("torch_geometric.index.index2ptr", index2ptr)
