@@ -91,7 +91,7 @@ def neighbours(api: str, x: torch.Tensor, y: torch.Tensor, k: int, ptr_x: torch.
         return idx
     if not x.is_floating_point():
         raise unsupported(api, f"points of dtype {x.dtype}")
-    return dense_knn(x, y, k, ptr_x, ptr_y)[0]
+    return dense_knn(x, y, k, ptr_x, ptr_y)
 
 
 def segment_of(points: torch.Tensor, ptr: torch.Tensor) -> torch.Tensor:
@@ -101,26 +101,22 @@ def segment_of(points: torch.Tensor, ptr: torch.Tensor) -> torch.Tensor:
     return (rows[:, None] >= ptr[None, 1:]).sum(1)
 
 
-def dense_knn(x: torch.Tensor, y: torch.Tensor, k: int, ptr_x: torch.Tensor, ptr_y: torch.Tensor,
-              chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each row of y, the k nearest rows of x of the same example, by brute force in blocks of
-    `chunk` queries: (idx (m, k) int64 with -1 padding, squared distances with +inf padding). The
-    tree-backed opbridge::knn_query takes 3-D points; feature-space neighbours (DynamicEdgeConv's
-    64-D) come here."""
+def dense_knn(x: torch.Tensor, y: torch.Tensor, k: int, ptr_x: torch.Tensor, ptr_y: torch.Tensor) -> torch.Tensor:
+    """For each row of y, the k nearest rows of x of the same example, by brute force: (m, k) int64
+    with -1 padding. The tree-backed opbridge::knn_query takes 3-D points; feature-space neighbours
+    (DynamicEdgeConv's 64-D) come here. Queries go in blocks whose differences (block x n x d)
+    stay near 2^26 values, whatever n and d are."""
     seg_x, seg_y = segment_of(x, ptr_x), segment_of(y, ptr_y)
     kk = min(k, x.size(0))
-    idx_parts, dist_parts = [], []
+    chunk = max(1, (1 << 26) // max(1, int(x.size(0)) * int(x.size(1))))
+    parts = []
     for start in range(0, y.size(0), chunk):
         q = y[start:start + chunk]
         d = (q.unsqueeze(1) - x.unsqueeze(0)).pow(2).sum(-1)
         d = d.masked_fill(seg_y[start:start + chunk, None] != seg_x[None, :], float("inf"))
         dist, idx = torch.topk(d, kk, dim=1, largest=False, sorted=True)
-        idx = idx.masked_fill(torch.isinf(dist), -1)
-        idx_parts.append(idx)
-        dist_parts.append(dist)
-    if not idx_parts:
-        return (torch.empty(0, kk, dtype=torch.long, device=x.device), x.new_empty(0, kk))
-    return torch.cat(idx_parts), torch.cat(dist_parts)
+        parts.append(idx.masked_fill(torch.isinf(dist), -1))
+    return torch.cat(parts) if parts else torch.empty(0, kk, dtype=torch.long, device=x.device)
 
 
 def pairs(idx: torch.Tensor) -> torch.Tensor:
