@@ -124,6 +124,31 @@ def test_nested_blocks_apply_once(package):
         model.Model()(_xyz())
 
 
+def test_the_scan_for_bindings_asks_no_object_for_its_attributes(package):
+    # Every export scans every module's attributes for bindings of the originals. Objects in
+    # modules may answer any attribute (torch.ops' namespaces resolve ops on demand, slowly): the
+    # scan matches by identity and type and asks them nothing.
+    _, model = package
+    asked = []
+
+    class Answers:
+        def __getattr__(self, name):
+            asked.append(name)
+            return lambda *a: None
+
+        def __call__(self, *a):
+            return None
+
+    watcher = _module("opbridge_test_watcher", "")
+    watcher.anything = Answers()
+    try:
+        with opbridge.substitutions():
+            model.Model()(_xyz())
+    finally:
+        del sys.modules["opbridge_test_watcher"]
+    assert asked == []
+
+
 @pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
 def test_export_applies_the_rules_itself(package, exporter):
     _, model = package

@@ -24,6 +24,7 @@ import dataclasses
 import inspect
 import sys
 import threading
+import types
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -151,15 +152,6 @@ def _is_function_class(obj) -> bool:
     return isinstance(obj, type) and issubclass(obj, torch.autograd.Function)
 
 
-def _same_callable(value, original) -> bool:
-    """Whether a module global is bound to `original` (a function, or a bound method such as a
-    Function's apply), without calling any object's __eq__."""
-    if value is original:
-        return True
-    func, owner = getattr(original, "__func__", None), getattr(original, "__self__", None)
-    return func is not None and getattr(value, "__func__", None) is func and getattr(value, "__self__", None) is owner
-
-
 class _Bindings:
     """The attributes changed, to be restored in reverse order."""
 
@@ -225,14 +217,28 @@ class _OpStandIn:
         return getattr(self._op, name)
 
 
-def _rebind(spaces: list, original, replacement: Callable, bindings: _Bindings) -> None:
-    """Every attribute of `spaces` (modules, nn.Module instances) bound to the original."""
+def _rebind(spaces: list, pairs: Iterable[tuple[object, Callable]], bindings: _Bindings) -> None:
+    """Every attribute of `spaces` (modules, nn.Module instances) bound to one of the originals
+    (a function, or a bound method such as a Function's apply) now holds its replacement. One
+    pass over every module's attributes for all the rules: it runs on every export. Values are
+    matched by identity and type, never with their own __eq__ or __getattr__ (torch.ops'
+    namespaces, in sys.modules, resolve any attribute asked for)."""
+    by_id, by_method = {}, {}
+    for original, replacement in pairs:
+        by_id[id(original)] = replacement
+        if isinstance(original, types.MethodType):
+            by_method[(id(original.__func__), id(original.__self__))] = replacement
+    if not by_id:
+        return
     for space in spaces:
         attrs = getattr(space, "__dict__", None)
         if not isinstance(attrs, dict):
             continue
         for key, value in list(attrs.items()):
-            if callable(value) and _same_callable(value, original):
+            replacement = by_id.get(id(value))
+            if replacement is None and by_method and type(value) is types.MethodType:
+                replacement = by_method.get((id(value.__func__), id(value.__self__)))
+            if replacement is not None:
                 bindings.set(space, key, replacement)
 
 
@@ -260,15 +266,14 @@ def substitutions(*models, only: Iterable[str] | None = None) -> Iterator[list[s
         _DEPTH[0] += 1
         try:
             if nested:
-                for original, replacement in _ACTIVE.values():
-                    _rebind(instances, original, replacement, bindings)
-            spaces = [*sys.modules.values(), *instances]
+                _rebind(instances, _ACTIVE.values(), bindings)
             for rule in rules.values():
                 got = _apply(rule, bindings) if wanted is None or rule.target in wanted else None
                 if got is not None:
                     _ACTIVE[rule.target] = got
-                    _rebind(spaces, *got, bindings)
                     applied.append(rule.target)
+            if applied:
+                _rebind([*sys.modules.values(), *instances], [_ACTIVE[t] for t in applied], bindings)
             yield applied
         finally:
             _DEPTH[0] -= 1
