@@ -2,6 +2,7 @@
 
 import numpy as np
 import onnx
+import onnxscript
 import pytest
 import torch
 
@@ -256,3 +257,40 @@ def test_verify_nested_outputs():
     proto = opbridge.export(Nested(), args)
     report = opbridge.verify(Nested(), args, proto)
     assert report.ok and len(report.outputs) == 2
+
+
+def test_dynamo_exports_fill_the_torchlib_registry_once_per_set_of_ops(monkeypatch):
+    # torch.onnx.export(dynamo=True) would parse torchlib's sources on every call; opbridge.export
+    # fills the registry once and gives each export a copy. A translation table one export adds
+    # stays in its copy, and an op registered since makes a new registry.
+    from torch.onnx._internal.exporter import _registration
+
+    from opbridge._export import dynamo
+
+    args = (torch.randn(3, 4), torch.randn(3, 4))
+    opbridge.export(MyAdd(), args)  # a process's first export imports modules that register ops
+    filled = []
+    original = _registration.ONNXRegistry.__dict__["from_torchlib"].__func__
+
+    def counting(cls, *args, **kwargs):
+        filled.append(args or tuple(kwargs.values()))
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(counting))
+    monkeypatch.setattr(dynamo, "_TORCHLIB_REGISTRIES", {})
+    first = opbridge.export(MyAdd(), args)
+    again = opbridge.export(MyAdd(), args)
+    assert len(filled) == 1 and first.graph.node[0].op_type == again.graph.node[0].op_type == "MyAdd"
+
+    def as_sub(a, b, **_):  # an export-only translation: my_add written as ai.onnx Sub
+        return onnxscript.opset18.Sub(a, b)
+
+    swapped = opbridge.export(MyAdd(), args, extra_translations={torch.ops.opbridge.my_add.default: as_sub})
+    assert [n.op_type for n in swapped.graph.node] == ["Sub"] and len(filled) == 1
+    assert opbridge.export(MyAdd(), args).graph.node[0].op_type == "MyAdd"  # the Sub stayed in its copy
+
+    lib = torch.library.Library("opbridge_registry_test", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    opbridge.export(MyAdd(), args)
+    assert len(filled) == 2  # a new op: the registry is filled again
+    assert opbridge.export(MyAdd(), args, opset=21) is not None and len(filled) == 3  # another opset

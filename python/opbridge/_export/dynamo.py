@@ -4,6 +4,7 @@ node its output count). Built per export call, for its opset; nothing here names
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Callable
 
@@ -66,3 +67,44 @@ def translation_table(ops: list[OpInfo] | None = None, *, opset: int = DEFAULT_D
     FunctionProtos of function ops (add_functions) and runs the checker."""
     options = ExportOptions(opset, custom_nodes, portable)
     return {op.overload: _translation(op, options) for op in (all_ops() if ops is None else ops) if op.available}
+
+
+@contextlib.contextmanager
+def reused_torchlib_registry():
+    """torch.onnx.export(dynamo=True) fills a fresh ONNXRegistry from torchlib on every call, which
+    reads and parses the Python source of ~500 torchlib functions: about 1.2 s, most of a small
+    model's export. What it holds depends only on the opset and on which torch ops exist, so within
+    this context it is filled once per (opset, ops registered in PyTorch) and each export gets a copy
+    with lists of its own (the export registers its custom translation table into that copy).
+    Where this torch lays out its exporter otherwise, nothing changes."""
+    try:
+        from torch.onnx._internal.exporter._registration import ONNXRegistry as cls
+    except ImportError:
+        cls = None
+    saved = getattr(cls, "__dict__", {}).get("from_torchlib")
+    if not isinstance(saved, classmethod):
+        yield
+        return
+
+    def from_torchlib(registry_cls, *args, **kwargs):
+        # Ops registered later (torchvision's, a library loaded since) change which torchlib
+        # functions find their target: the number of ops is part of the key.
+        key = (registry_cls, args, tuple(sorted(kwargs.items())), len(torch._C._dispatch_get_all_op_names()))
+        filled = _TORCHLIB_REGISTRIES.get(key)
+        if filled is None:
+            if len(_TORCHLIB_REGISTRIES) >= 4:  # a few opsets; older op counts are stale
+                _TORCHLIB_REGISTRIES.clear()
+            filled = _TORCHLIB_REGISTRIES[key] = saved.__func__(registry_cls, *args, **kwargs)
+        copy = registry_cls.__new__(registry_cls)
+        copy.__dict__.update(filled.__dict__)
+        copy.functions = {target: list(decomps) for target, decomps in filled.functions.items()}
+        return copy
+
+    cls.from_torchlib = classmethod(from_torchlib)
+    try:
+        yield
+    finally:
+        cls.from_torchlib = saved
+
+
+_TORCHLIB_REGISTRIES: dict = {}

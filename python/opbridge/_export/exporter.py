@@ -19,7 +19,7 @@ import torch
 from .._library.errors import OpbridgeError
 from .._library.kinds import positional, tensor_leaves
 from .._runtime.inspect import cannot_run
-from .dynamo import DEFAULT_DYNAMO_OPSET, translation_table
+from .dynamo import DEFAULT_DYNAMO_OPSET, reused_torchlib_registry, translation_table
 from .functions import add_functions
 from .examples import KeywordsBound, distinct_examples
 from .failures import op_errors, trace_warnings
@@ -130,7 +130,8 @@ def export(
         opset = opset or DEFAULT_DYNAMO_OPSET
         table = translation_table(opset=opset, custom_nodes=custom_nodes, portable=portable)
         table.update(extra_translations or {})
-        with _quiet(verbose), op_errors(), _missing_ops(), _undeclared_nodes(), substitutions(*_modules(model)):
+        with _quiet(verbose), op_errors(), _missing_ops(), _undeclared_nodes(), substitutions(*_modules(model)), \
+                reused_torchlib_registry():
             program = torch.onnx.export(model, _torch_args(args), kwargs=kwargs, dynamo=True,
                                         custom_translation_table=table, optimize=False,
                                         opset_version=opset,
