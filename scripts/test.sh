@@ -1,12 +1,31 @@
 #!/usr/bin/env bash
-# Runs every test: set-up first (idempotent, fast when nothing changed), then the C++ tests
-# (CTest: kernels, registry, the Python-free ONNX Runtime consumer), then pytest.
-# Extra arguments go to pytest, e.g. scripts/test.sh -k dual_residual
+# Runs the tests, set-up first (idempotent, fast when nothing changed):
+#   scripts/test.sh                 the C++ tests (CTest: kernels, registry, the Python-free ONNX
+#                                   Runtime consumer), then pytest on every core (pytest-xdist),
+#                                   all but the tests marked `environments`;
+#   scripts/test.sh --environments  the tests that make whole Python environments with pip and
+#                                   build or run in them (the wheel, ONNX Runtime releases, real
+#                                   models' packages); CI runs them after the first;
+#   scripts/test.sh --all           both.
+# Extra arguments go to pytest, e.g. scripts/test.sh -k dual_residual (-n 0: one process).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+what=main
+case "${1:-}" in
+  --environments) what=environments; shift ;;
+  --all) what=all; shift ;;
+esac
 scripts/setup.sh
-echo "[opbridge] C++ tests (ctest)"
-ctest --test-dir build --output-on-failure -j "$(nproc)"
-echo "[opbridge] Python tests (pytest)"
-.venv/bin/python -m pytest -q "$@"
+# --dist loadscope: a test class (an op's suite) or module stays on one worker, with its fixtures.
+pytest=(.venv/bin/python -m pytest -q -n auto --dist loadscope)
+if [ "$what" != environments ]; then
+  echo "[opbridge] C++ tests (ctest)"
+  ctest --test-dir build --output-on-failure -j "$(nproc)"
+  echo "[opbridge] Python tests (pytest)"
+  "${pytest[@]}" -m "not environments" "$@"
+fi
+if [ "$what" != main ]; then
+  echo "[opbridge] Python tests that make environments (pytest -m environments)"
+  "${pytest[@]}" -m environments "$@"
+fi

@@ -18,6 +18,7 @@ import torch
 from onnx import TensorProto, helper
 
 import opbridge
+from opbridge._library.registry import libraries as loaded_libraries
 
 ROOT = Path(__file__).resolve().parents[2]
 # The installed runner, or another build of it (OPBRIDGE_RUN=build-x/tools/opbridge-run).
@@ -151,9 +152,12 @@ def test_session_names_the_domain_its_ops_and_how_to_load_it(foreign_model, form
              "bytes": foreign_model.read_bytes()}[form]
     with pytest.raises(opbridge.OpbridgeError) as e:
         opbridge.session(model)
+    # opbridge's own library, and any other this process loaded before (the test order decides)
+    loaded = ", ".join(f"'{d}'" for lib in loaded_libraries() for d in sorted(lib.domains))
+    assert "'opbridge'" in loaded
     assert str(e.value) == (
         "the model has com.acme::Mystery, com.acme::Deep, com.acme::Inner nodes, and no loaded op library provides "
-        "ONNX domain 'com.acme' (loaded: 'opbridge'): load its op library first with "
+        f"ONNX domain 'com.acme' (loaded: {loaded}): load its op library first with "
         "opbridge.load_library('path/lib<name>_torch.so') (or opbridge.load / opbridge.load_inline), or pass its "
         "ONNX Runtime library with opbridge.session(..., libraries=['path/lib<name>_ort.so']); ONNX Runtime said: "
         "Fatal error: com.acme:Mystery(-1) is not a registered function/op")

@@ -28,6 +28,8 @@ import pytest
 
 import envs
 
+pytestmark = pytest.mark.environments  # scripts/test.sh --environments
+
 RUNNER = Path(__file__).with_name("real_models.py")
 TRANSFORMERS = ["transformers==5.23.0"]
 OPENPOINTS = ["openpoints==0.1.2"]

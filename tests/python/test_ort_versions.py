@@ -32,6 +32,8 @@ RUNNER = Path(__file__).with_name("ort_versions_runner.py")
 sys.path.insert(0, str(ROOT / "examples"))
 import demo  # noqa: E402  (examples/demo.py)
 
+pytestmark = pytest.mark.environments  # scripts/test.sh --environments
+
 
 def _pinned(package: str) -> str:
     for line in (ROOT / "requirements.txt").read_text().splitlines():

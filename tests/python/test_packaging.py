@@ -22,6 +22,8 @@ import torch
 
 import opbridge
 
+pytestmark = pytest.mark.environments  # scripts/test.sh --environments
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
