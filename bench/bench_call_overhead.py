@@ -4,6 +4,10 @@ kernel), on 1-element float32 tensors, where the arithmetic is nothing and the t
 runtime's and the adapter's per-node work. One node and a chain of 100, one intra-op thread,
 interleaved rounds (each round times a block of runs of each model). The subject is the Foo
 chain; a ratio above 1 means Add is slower, below 1 that the custom node costs more.
+
+Also the cost of the library to every session: creating a session of a one-node ai.onnx model with
+libopbridge_ort.so registered in its options, against the same session without it (ONNX Runtime
+builds the kernel definitions of every registered custom op for each session).
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import statistics
 import numpy as np
 from onnx import TensorProto, helper
 
+import onnxruntime as ort
+
+import opbridge
 from common import Row, interleaved, ort_session, progress
 
 
@@ -53,4 +60,30 @@ def run(quick: bool) -> list[Row]:
         inverse = statistics.median(1 / r for r in add.round_ratios)
         add.note = (f"the Foo chain takes {inverse:.2f}x this chain's time (median per round); "
                     f"{per_node * 1e3:.0f} ns more per node")
+    rows += _session_creation(quick)
+    return rows
+
+
+def _session_creation(quick: bool) -> list[Row]:
+    model = _chain("Add", "", 1).SerializeToString()
+    name = "session creation: a one-node ai.onnx model, 20 sessions"
+    progress(name)
+    options = {}
+    for with_library in (True, False):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        if with_library:
+            so.register_custom_ops_library(str(opbridge.builtin.ort_path))
+        options[with_library] = so
+
+    def create(so):
+        def call():
+            for _ in range(20):
+                ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        return call
+
+    rows = interleaved(name, {"with libopbridge_ort.so registered": create(options[True]),
+                              "plain ONNX Runtime": create(options[False])}, rounds=5 if quick else 15)
+    inverse = statistics.median(1 / r for r in rows[-1].round_ratios)
+    rows[-1].note = f"with the library a session takes {inverse:.1f}x this one's time to create (median per round)"
     return rows

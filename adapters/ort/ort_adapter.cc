@@ -112,7 +112,7 @@ DType from_onnx(ONNXTensorElementDataType t, const std::string& input) {
 struct CustomOp : OrtCustomOp {
   const OpSpec* spec = nullptr;
   std::vector<ONNXTensorElementDataType> input_types, output_types;
-  bool mixed = false;  // inputs of one type constraint with different dtypes: refused by name
+  bool refusing = false;  // takes nodes whose inputs of one constraint disagree, and refuses them by name
 };
 
 struct Kernel {
@@ -363,8 +363,9 @@ std::vector<std::optional<DType>> node_input_dtypes(const OpSpec& op, const OrtK
   return out;
 }
 
-// A node whose inputs of one type constraint disagree: say which inputs and which dtypes, in the
-// words eager PyTorch uses, when the session is created.
+// A node no typed entry takes (inputs of one constraint that disagree, or a dtype outside a
+// constraint): say which inputs and which dtypes, in the words eager PyTorch uses, when the
+// session is created.
 [[noreturn]] void refuse_dtypes(const OpSpec& op, const OrtKernelInfo* info) {
   resolve_types(op, node_input_dtypes(op, info));  // throws naming the input and the dtypes expected
   throw Error("no kernel for this combination of input dtypes");
@@ -376,7 +377,7 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, cons
   return guarded(where, [&] {
     std::string node = node_name(info);
     if (!node.empty()) where += " (node '" + node + "')";
-    if (self(op).mixed) refuse_dtypes(spec, info);
+    if (self(op).refusing) refuse_dtypes(spec, info);
     auto kernel = std::make_unique<Kernel>(Kernel{&spec, {}, where});
     std::vector<std::optional<AttrValue>> given;
     for (const AttrSpec& a : spec.attrs) given.push_back(read_attr(info, a));
@@ -420,61 +421,65 @@ void fill_table(CustomOp& c) {
   c.GetEndVersion = [](const OrtCustomOp*) { return INT_MAX; };
 }
 
-// Every assignment of allowed dtypes to the constraints the inputs use.
-void expand(const OpSpec& op, size_t t, std::vector<DType>& chosen, std::vector<std::unique_ptr<CustomOp>>& out) {
+// Every assignment of allowed dtypes to the op's type constraints (output-only constraints are
+// single-dtype, validate_spec, or follow an input constraint: they take their first).
+void assignments(const OpSpec& op, size_t t, std::vector<DType>& chosen, std::vector<std::vector<DType>>& out) {
   if (t == op.types.size()) {
-    auto c = std::make_unique<CustomOp>();
-    fill_table(*c);
-    c->spec = &op;
-    auto dtype_of = [&](const std::string& type) {
-      for (size_t i = 0; i < op.types.size(); ++i)
-        if (op.types[i].name == type) return to_onnx(chosen[i]);
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-    };
-    for (const InputSpec& in : op.inputs) c->input_types.push_back(dtype_of(in.type));
-    for (const OutputSpec& o : op.outputs) c->output_types.push_back(dtype_of(o.type));
-    out.push_back(std::move(c));
+    out.push_back(chosen);
     return;
   }
   bool used_by_input = false;
   for (const InputSpec& in : op.inputs) used_by_input |= in.type == op.types[t].name;
-  // Output-only constraints are single-dtype (validate_spec) or follow an input constraint.
   const auto& allowed = op.types[t].allowed;
   for (size_t i = 0; i < (used_by_input ? allowed.size() : 1); ++i) {
     chosen.push_back(allowed[i]);
-    expand(op, t + 1, chosen, out);
+    assignments(op, t + 1, chosen, out);
     chosen.pop_back();
   }
 }
 
-// Every assignment of allowed dtypes to the inputs where inputs of one constraint disagree (a
-// float32 and a float64 operand). ONNX Runtime would refuse such a node with "no kernel def
-// matches"; these entries take it and refuse it naming the inputs. Registered after the typed
-// entries, which ONNX Runtime tries first (a node with an absent optional input may match both).
-// A dtype outside a constraint is left to ONNX Runtime's schema check, which names it.
-void expand_mixed(const OpSpec& op, size_t i, std::vector<DType>& chosen, std::vector<std::unique_ptr<CustomOp>>& out) {
-  if (i == op.inputs.size()) {
-    auto first_of = [&](const std::string& type) -> std::optional<DType> {
-      for (size_t k = 0; k < op.inputs.size(); ++k)
-        if (op.inputs[k].type == type) return chosen[k];
-      return std::nullopt;
-    };
-    bool mixed = false;
-    for (size_t k = 0; k < op.inputs.size(); ++k) mixed |= chosen[k] != *first_of(op.inputs[k].type);
-    if (!mixed) return;
-    auto c = std::make_unique<CustomOp>();
-    fill_table(*c);
-    c->spec = &op;
-    c->mixed = true;
-    for (DType d : chosen) c->input_types.push_back(to_onnx(d));
-    for (const OutputSpec& o : op.outputs) c->output_types.push_back(to_onnx(first_of(o.type).value_or(op.type(o.type).allowed.front())));
-    out.push_back(std::move(c));
-    return;
-  }
-  for (DType d : op.type(op.inputs[i].type).allowed) {
-    chosen.push_back(d);
-    expand_mixed(op, i + 1, chosen, out);
-    chosen.pop_back();
+// An entry for one assignment: each input and output the dtype of its constraint.
+std::unique_ptr<CustomOp> entry(const OpSpec& op, const std::vector<DType>& chosen) {
+  auto c = std::make_unique<CustomOp>();
+  fill_table(*c);
+  c->spec = &op;
+  auto dtype_of = [&](const std::string& type) {
+    for (size_t i = 0; i < op.types.size(); ++i)
+      if (op.types[i].name == type) return to_onnx(chosen[i]);
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  };
+  for (const InputSpec& in : op.inputs) c->input_types.push_back(dtype_of(in.type));
+  for (const OutputSpec& o : op.outputs) c->output_types.push_back(dtype_of(o.type));
+  return c;
+}
+
+// An op's entries: one per assignment of dtypes (typed), then the refusing ones, for nodes whose
+// inputs of one type constraint disagree (a float32 and a float64 operand), where ONNX Runtime
+// would say only "could not find an implementation". A refusing entry takes such a node and
+// refuses it when the session is created, naming the inputs and their dtypes in the words eager
+// PyTorch uses. Per constraint that two or more inputs share, and per assignment: its first input
+// of that constraint and every other input as assigned, the constraint's other inputs any dtype,
+// the outputs as assigned (ONNX Runtime infers a node's output types from the entry that matches).
+// ONNX Runtime tries entries in order (a node with an absent optional input may match a typed and
+// a refusing one) and builds every entry's kernel definition for each session, so they must be
+// few: one entry per mixed combination instead (4^5 - 4 for a five-input op of four dtypes, 4,700
+// in all) made each session with the library 100 ms slower to create.
+void add_entries(const OpSpec& op, std::vector<std::unique_ptr<CustomOp>>& out) {
+  std::vector<std::vector<DType>> all;
+  std::vector<DType> chosen;
+  assignments(op, 0, chosen, all);
+  for (const auto& a : all) out.push_back(entry(op, a));
+  for (const TypeConstraint& t : op.types) {
+    std::vector<size_t> users;
+    for (size_t i = 0; i < op.inputs.size(); ++i)
+      if (op.inputs[i].type == t.name) users.push_back(i);
+    if (users.size() < 2 || t.allowed.size() < 2) continue;
+    for (const auto& a : all) {
+      auto c = entry(op, a);
+      c->refusing = true;
+      for (size_t k = 1; k < users.size(); ++k) c->input_types[users[k]] = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+      out.push_back(std::move(c));
+    }
   }
 }
 
@@ -487,10 +492,8 @@ struct Domains {
   Domains() {
     for (const OpSpec& op : registry().ops()) {
       if (!op.cpu_kernel) continue;  // ops without a kernel export to standard ops or functions
-      std::vector<DType> chosen;
       size_t first = ops.size();
-      expand(op, 0, chosen, ops);
-      expand_mixed(op, 0, chosen, ops);
+      add_entries(op, ops);
       OrtCustomOpDomain* domain = find_or_create(op.export_as.onnx_domain);
       for (size_t i = first; i < ops.size(); ++i) check(g_api->CustomOpDomain_Add(domain, ops[i].get()));
     }
