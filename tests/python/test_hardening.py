@@ -71,18 +71,18 @@ def test_load_create_destroy_cycles_keep_memory_bounded():
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * 4
 
-    for _ in range(50):  # allocator pools and caches settle first
+    for _ in range(100):  # allocator pools and caches settle first
         cycle()
     gc.collect()
     before = rss_kib()
-    for _ in range(300):
+    for _ in range(1000):
         cycle()
     gc.collect()
     # Measured: about 1 KiB per cycle, nearly all ONNX Runtime's own; a leak of one session's or
     # one library load's state per cycle (tens of KiB) would be well beyond this bound.
     grown = rss_kib() - before
-    print(f"RSS grew {grown} KiB over 300 load/create/run/destroy cycles")
-    assert grown < 4 * 1024
+    print(f"RSS grew {grown} KiB over 1,000 load/create/run/destroy cycles")
+    assert grown < 8 * 1024
 
 
 @pytest.mark.parametrize("command", ["inspect", "graph", "verify"])
