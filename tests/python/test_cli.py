@@ -525,20 +525,31 @@ def test_graph_without_graphviz_is_one_clear_error(exported, tmp_path):
 # --- errors and help ---------------------------------------------------------------------------
 
 
-def test_bad_input_files_are_one_line_errors(exported, work, tmp_path):
+def test_bad_input_files_are_one_line_errors(exported, work, tmp_path, capsys):
     path, _ = exported
     (tmp_path / "garbage.onnx").write_bytes(b"\xff\x00 this is not protobuf \x07" * 20)
     (tmp_path / "empty.onnx").write_bytes(b"")
     (tmp_path / "garbage.npz").write_text("no zip here")
-    assert_one_line_error(run("inspect", tmp_path / "missing.onnx"), 1, r"missing.onnx: no such file")
+    # One through a real process (nothing else reaches its stderr), the rest in-process: the same main().
     assert_one_line_error(run("inspect", tmp_path / "garbage.onnx"), 1, r"is not an ONNX model")
-    assert_one_line_error(run("graph", tmp_path / "empty.onnx", "-o", tmp_path / "g.dot"), 1, r"is not an ONNX model")
-    assert_one_line_error(run("verify", path, "--torch", work / "blocks.py:Block", "--inputs", tmp_path / "garbage.npz"),
-                          1, r"is not a readable \.npz file")
-    assert_one_line_error(run("export", work / "blocks.py:broken", "-o", tmp_path / "b.onnx", "--input",
-                              "x=2:float32"), 1, r"broken\(\) raised ValueError: no weights here")
-    assert_one_line_error(run("export", "blocks.py:make", "-o", tmp_path / "b.onnx", "--input", "x=2xq:float32"), 2,
-                          r"SHAPE must be sizes joined by 'x'")
+    for argv, code, pattern in [
+        (["inspect", tmp_path / "missing.onnx"], 1, r"missing.onnx: no such file"),
+        (["graph", tmp_path / "empty.onnx", "-o", tmp_path / "g.dot"], 1, r"is not an ONNX model"),
+        (["verify", path, "--torch", work / "blocks.py:Block", "--inputs", tmp_path / "garbage.npz"], 1,
+         r"is not a readable \.npz file"),
+        (["export", work / "blocks.py:broken", "-o", tmp_path / "b.onnx", "--input", "x=2:float32"], 1,
+         r"broken\(\) raised ValueError: no weights here"),
+        (["export", "blocks.py:make", "-o", tmp_path / "b.onnx", "--input", "x=2xq:float32"], 2,
+         r"SHAPE must be sizes joined by 'x'"),
+    ]:
+        try:
+            rc = cli.main([str(a) for a in argv])
+        except SystemExit as e:
+            rc = e.code
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if not ln.startswith("[opbridge] ")]
+        assert rc == code and len(lines) == 1 and lines[0].startswith("opbridge: error: "), (argv, err)
+        assert re.search(pattern, lines[0]) and "Traceback" not in err, (argv, lines[0])
 
 
 @pytest.mark.parametrize("argv, code, pattern", [

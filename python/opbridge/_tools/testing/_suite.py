@@ -54,6 +54,20 @@ class OpTest:
     def info(self) -> OpInfo:
         return self.case.info
 
+    def _exported(self, sample, exporter: str):
+        """export_case(case, sample, exporter) with the defaults, once per test class (pytest makes
+        an instance per test): the tests that take the exported model without changing how it is
+        exported (threads, the reference evaluator) reuse the one test_export_runs_in_onnxruntime
+        checked."""
+        cache = type(self).__dict__.get("_export_cache")
+        if cache is None:
+            cache = {}
+            setattr(type(self), "_export_cache", cache)
+        key = (id(sample), exporter)
+        if key not in cache:
+            cache[key] = (sample, export_case(self.case, sample, exporter))
+        return cache[key][1]
+
     def test_eager_matches_reference(self, sample):
         got = as_list(self.info.overload(*sample.inputs, **sample.attrs))
         for k, (g, w) in enumerate(zip(got, reference_outputs(self.case, sample))):
@@ -138,7 +152,7 @@ class OpTest:
         assert torch.autograd.gradcheck(finite_outputs, tuple(inputs))
 
     def test_export_runs_in_onnxruntime(self, sample, exporter):
-        model, tensors, proto = export_case(self.case, sample, exporter)
+        model, tensors, proto = self._exported(sample, exporter)
         if sample.no_onnxruntime:
             pytest.skip(sample.no_onnxruntime)  # exported and checked above
         types = {(n.domain, n.op_type) for n in proto.graph.node}
@@ -181,7 +195,7 @@ class OpTest:
         sample = next((s for s in self.case.samples if not s.no_onnxruntime), None)
         if sample is None:
             pytest.skip("ONNX Runtime cannot run any sample")
-        _, tensors, proto = export_case(self.case, sample, "dynamo")
+        _, tensors, proto = self._exported(sample, "dynamo")
         sess = session(proto)
         feed = {i.name: as_numpy(t) for i, t in zip(sess.get_inputs(), tensors)}
         want = sess.run(None, feed)
@@ -195,7 +209,7 @@ class OpTest:
         from onnx.reference import ReferenceEvaluator
 
         sample = self.case.samples[0]
-        _, tensors, proto = export_case(self.case, sample, exporter)
+        _, tensors, proto = self._exported(sample, exporter)
         own = (self.info.onnx_domain, self.info.onnx_type) == expected_node(self.info, exporter, sample.inputs)
         new_ops = [reference_op_class(self.case)] if own and self.info.export_kind == "kernel" else []
         ref = ReferenceEvaluator(proto, new_ops=new_ops)
