@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -163,12 +164,36 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opbridge" / "jit"
 
 
+def jit_entry_problem(entry: Path) -> str | None:
+    """Why the load_inline / load cache entry `entry` cannot be loaded as it is (never finished,
+    or damaged since: a record that does not parse, a library file missing or changed), or None."""
+    try:
+        record = json.loads((entry / JIT_DONE).read_text())
+    except FileNotFoundError:
+        return "never finished"
+    except (OSError, ValueError) as e:
+        return f"{JIT_DONE} unreadable ({e})"
+    digests = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(digests, dict) or not digests:
+        return f"{JIT_DONE} names no library files"
+    for file_name, digest in digests.items():
+        try:
+            data = (entry / file_name).read_bytes()
+        except OSError:
+            return f"{file_name} missing"
+        if hashlib.sha256(data).hexdigest() != digest:
+            return f"{file_name} changed since it was built"
+    return None
+
+
 def jit_libraries() -> dict[str, Path]:
     """The op libraries load_inline / load built into the cache, by name: the PyTorch side of the
-    most recent build of each (a name built from other sources has one entry per source)."""
+    most recent intact build of each (a name built from other sources has one entry per source)."""
     found: dict[str, tuple[float, Path]] = {}
     root = cache_root()
     for done in root.glob(f"*/{JIT_DONE}") if root.is_dir() else ():
+        if jit_entry_problem(done.parent):
+            continue  # the next load_inline / load of its source rebuilds it
         name = json.loads(done.read_text()).get("name", "")
         torch_path = done.parent / f"lib{name}_torch.so"
         when = done.stat().st_mtime

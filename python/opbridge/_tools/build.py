@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,12 +30,22 @@ import torch
 
 from .._export.loading import load_library
 from .._library.errors import OpbridgeError
-from .._library.files import JIT_DONE, build_info, cache_root, cmake_prefix_path
-from .._library.manifest import Library
+from .._library.files import JIT_DONE, build_info, cache_root, cmake_prefix_path, jit_entry_problem, manifest_symbol
+from .._library.manifest import Library, from_json
 from .._library.registry import libraries
 
 _LIBRARY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ONNX_DOMAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+# Namespaces PyTorch defines ops in (some only once a module that uses them is imported), and the
+# ONNX domains of ONNX, ONNX Runtime and the exporters: ops there would shadow or clash with theirs.
+_TORCH_NAMESPACES = {"aten", "prim", "prims", "torch", "onnx", "quantized", "quantized_decomposed", "inductor",
+                     "higher_order", "profiler", "c10d", "_c10d_functional", "mkldnn", "_test"}
+_ONNX_DOMAINS = ("ai.onnx", "com.microsoft", "com.ms", "org.pytorch", "pkg.onnxscript")
 _DONE = JIT_DONE  # written last: an entry without it was never finished
+# Run in a child process on a new build: loads its ONNX Runtime side (the same op objects as the
+# PyTorch side, without needing PyTorch) and prints the manifest.
+_PROBE = ("import ctypes, sys; f = getattr(ctypes.CDLL(sys.argv[1]), sys.argv[2]); f.restype = ctypes.c_char_p; "
+          "sys.stdout.write(f().decode())")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,33 +102,89 @@ def load(name: str, sources: Iterable[str | os.PathLike], *, torch_namespace: st
 
 
 def _load(name, files, torch_namespace, onnx_domain, options: _Options, build_directory, verbose) -> Library:
-    if not _LIBRARY_NAME.fullmatch(name):
-        raise OpbridgeError(f"op library name '{name}' is not an identifier (it names the library files and target)")
-    ns = torch_namespace or name
-    domain = onnx_domain or ns
+    ns = name if torch_namespace is None else torch_namespace
+    domain = ns if onnx_domain is None else onnx_domain
+    _check_names(name, ns, domain)
     compiler = _compiler()
     key = _key(name, ns, domain, options, files, compiler)
     root = Path(build_directory) if build_directory is not None else cache_root()
     entry = root / f"{name}-{key[:16]}"
     torch_path = entry / f"lib{name}_torch.so"
-    for lib in libraries():
-        if lib.torch_namespace == ns and lib.torch_path != torch_path.resolve():
-            raise OpbridgeError(f"op library '{name}': torch namespace '{ns}' is already loaded from {lib.torch_path}; "
-                                "a process holds one version of a namespace: give the new source another name or "
-                                "namespace, or start a new process")
-    root.mkdir(parents=True, exist_ok=True)
-    if not (entry / _DONE).exists():
-        with _locked(root / f"{entry.name}.lock"):
-            if not (entry / _DONE).exists():  # another process may have built it meanwhile
-                _build(name, ns, domain, options, files, compiler, root, entry, verbose)
+    _check_loaded(name, ns, domain, torch_path.resolve())
+    problem = jit_entry_problem(entry)
+    if problem:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            with _locked(root / f"{entry.name}.lock"):
+                problem = jit_entry_problem(entry)  # another process may have built it meanwhile
+                if problem:
+                    if problem != "never finished":
+                        print(f"opbridge: the cache entry {entry} is damaged ({problem}): rebuilding it", file=sys.stderr)
+                    _build(name, ns, domain, options, files, compiler, root, entry, verbose)
+        except OSError as e:
+            raise OpbridgeError(f"op library '{name}': cannot build in {root}: {e.strerror or e}; give "
+                                "build_directory= or set OPBRIDGE_JIT_DIR to a folder this process can write") from None
     elif verbose:
         print(f"opbridge: op library '{name}' from the cache ({entry})", file=sys.stderr)
     return load_library(torch_path, entry / f"lib{name}_ort.so")
 
 
+def _check_names(name: str, ns: str, domain: str) -> None:
+    """Refuses names that would make paths, CMake arguments or registrations other than the plain
+    ones (separators, `..`, spaces), and namespaces or domains that belong to PyTorch or ONNX."""
+    if not _LIBRARY_NAME.fullmatch(name):
+        raise OpbridgeError(f"op library name '{name}' is not an identifier (it names the library files and target)")
+    if not _LIBRARY_NAME.fullmatch(ns):
+        raise OpbridgeError(f"op library '{name}': torch namespace '{ns}' is not an identifier (torch.ops.<namespace>)")
+    taken = _dispatcher_namespaces().get(ns)
+    if ns in _TORCH_NAMESPACES or taken:
+        what = f"already holds ops that no opbridge library defined ({taken})" if taken else "is PyTorch's own"
+        raise OpbridgeError(f"op library '{name}': torch namespace '{ns}' {what}; the new ops would sit among "
+                            "its ops: choose another torch_namespace")
+    if not _ONNX_DOMAIN.fullmatch(domain):
+        raise OpbridgeError(f"op library '{name}': ONNX domain '{domain}' is not dot-separated identifiers "
+                            "(e.g. com.example.ops)" + ("; the empty domain is ONNX's standard one" if not domain else ""))
+    if any(domain == d or domain.startswith(d + ".") for d in _ONNX_DOMAINS):
+        raise OpbridgeError(f"op library '{name}': ONNX domain '{domain}' belongs to ONNX, ONNX Runtime or an exporter; "
+                            "custom ops there clash with theirs: choose another onnx_domain")
+
+
+def _dispatcher_namespaces() -> dict[str, str]:
+    """Namespaces that hold ops in PyTorch's dispatcher now, but for opbridge's own libraries: one
+    op of each, to name it."""
+    ours = {lib.torch_namespace for lib in libraries()}
+    found: dict[str, str] = {}
+    for op in torch._C._dispatch_get_all_op_names():
+        ns = op.split("::", 1)[0]
+        if ns not in ours:
+            found.setdefault(ns, op)
+    return found
+
+
+def _check_loaded(name: str, ns: str, domain: str, torch_path: Path) -> None:
+    """A process holds one version of a namespace, and one library per ONNX domain."""
+    for lib in libraries():
+        if lib.torch_path == torch_path:
+            continue
+        if lib.torch_namespace == ns:
+            raise OpbridgeError(f"op library '{name}': torch namespace '{ns}' is already loaded from {lib.torch_path}; "
+                                "a process holds one version of a namespace: give the new source another name or "
+                                "namespace, or start a new process")
+        if domain in lib.domains:
+            raise OpbridgeError(f"op library '{name}': ONNX domain '{domain}' is already used by op library "
+                                f"'{lib.name}' ({lib.torch_path or lib.ort_path}); give each op library its own "
+                                "onnx_domain")
+
+
 def _compiler() -> str:
-    found = shutil.which(os.environ.get("CXX", "")) if os.environ.get("CXX") else None
-    found = found or shutil.which("c++") or shutil.which("g++")
+    chosen = os.environ.get("CXX")
+    if chosen:  # the user's choice: never silently another compiler
+        found = shutil.which(chosen)
+        if not found:
+            raise OpbridgeError(f"the C++ compiler $CXX={chosen} is not found: set CXX to an installed compiler, or "
+                                "unset it to use c++ / g++")
+        return found
+    found = shutil.which("c++") or shutil.which("g++")
     if not found:
         raise OpbridgeError("no C++ compiler found (c++, g++, or $CXX): install one, e.g. apt-get install g++")
     return found
@@ -163,8 +230,17 @@ def _build(name, ns, domain, options: _Options, files, compiler, root: Path, ent
         if not shutil.which(tool):
             raise OpbridgeError(f"op library '{name}': building needs {tool}; install it, e.g. apt-get install "
                                 f"{'ninja-build' if tool == 'ninja' else 'cmake'}")
+    for stale in root.glob(f".{entry.name}-*"):  # a killed build's folder: the entry's lock is ours now
+        shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=root))
     src, build, log_path = work / "src", work / "build", work / "build.log"
+
+    def fail(message: str) -> OpbridgeError:
+        kept = root / f"{entry.name}.failed.log"
+        shutil.copy(log_path, kept)
+        shutil.rmtree(work, ignore_errors=True)
+        return OpbridgeError(message.replace("{log}", str(kept)))
+
     src.mkdir()
     sources = []
     for file_name, text, path in files:
@@ -190,24 +266,49 @@ def _build(name, ns, domain, options: _Options, files, compiler, root: Path, ent
                 sys.stderr.write(r.stdout)
             if r.returncode != 0:
                 log.flush()
-                kept = root / f"{entry.name}.failed.log"
-                shutil.copy(log_path, kept)
-                shutil.rmtree(work, ignore_errors=True)
-                raise OpbridgeError(_failure(name, step, r.stdout, src, kept))
+                raise fail(_failure(name, step, r.stdout, src))
             print(f"opbridge:   {step}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    for lib in (f"lib{name}_torch.so", f"lib{name}_ort.so"):
-        shutil.copy2(build / lib, work / lib)
-    shutil.rmtree(build)
+        libs = [f"lib{name}_torch.so", f"lib{name}_ort.so"]
+        for lib in libs:
+            shutil.copy2(build / lib, work / lib)
+        shutil.rmtree(build)
+        problem = _probe(work / libs[1])
+        if problem:
+            log.write(f"$ loading {libs[1]} in a child process\n{problem}\n")
+            log.flush()
+            raise fail(f"op library '{name}': {problem}\n(full log: {{log}})")
     seconds = time.perf_counter() - start
+    digests = {lib: hashlib.sha256((work / lib).read_bytes()).hexdigest() for lib in libs}
     (work / _DONE).write_text(json.dumps({"name": name, "torch_namespace": ns, "onnx_domain": domain,
-                                          "build_seconds": round(seconds, 2)}))
-    if entry.exists():  # an unfinished entry from a killed build: never loaded, replace it
+                                          "build_seconds": round(seconds, 2), "files": digests}))
+    if entry.exists():  # an unfinished or damaged entry: never loaded as it is, replace it
         shutil.rmtree(entry)
     os.rename(work, entry)
     print(f"opbridge: built op library '{name}' in {seconds:.1f} s", file=sys.stderr)
 
 
-def _failure(name: str, step: str, output: str, src: Path, log: Path) -> str:
+def _probe(ort_path: Path) -> str | None:
+    """Why the new library is of no use, found by loading it in a child process first: a source
+    whose static initialisation crashes would otherwise take this process with it; one that
+    defines no op, or refused definitions. None when it is fine."""
+    r = subprocess.run([sys.executable, "-S", "-c", _PROBE, str(ort_path), manifest_symbol()], capture_output=True,
+                       text=True, timeout=300)
+    if r.returncode != 0:
+        how = f"signal {signal.Signals(-r.returncode).name}" if r.returncode < 0 else f"exit status {r.returncode}"
+        said = "\n".join(r.stderr.strip().splitlines()[-8:])
+        return (f"loading the built library failed ({how}) before any op ran: the source's static initialisation "
+                "(a global object's constructor, a static variable's initialiser) crashed or threw"
+                + (f":\n{said}" if said else ""))
+    try:
+        lib = from_json(json.loads(r.stdout), None, ort_path)
+    except OpbridgeError as e:
+        return str(e)
+    if not lib.ops:
+        return "the source defines no op (an op is defined with OPBRIDGE_OP(name)...; see docs/authoring.md)"
+    return None
+
+
+def _failure(name: str, step: str, output: str, src: Path) -> str:
     """The compiler's own error lines (and the notes that follow them), with inline sources named
     by their file name, instead of the whole build log."""
     lines = output.replace(str(src) + "/", "").splitlines()
@@ -222,4 +323,4 @@ def _failure(name: str, step: str, output: str, src: Path, log: Path) -> str:
     if not picked or step == "configure":
         picked = [ln for ln in lines if ln.strip()][-20:]
     return (f"op library '{name}': {step} failed:\n" + "\n".join(picked[:40])
-            + f"\n(full log: {log})")
+            + "\n(full log: {log})")
