@@ -334,3 +334,28 @@ def test_the_schema_is_tritons(pb):
     assert pb.ModelConfig.DESCRIPTOR.full_name == "inference.ModelConfig"
     assert {"name", "platform", "max_batch_size", "input", "output", "instance_group", "model_operations",
             "dynamic_batching"} <= set(fields)
+
+
+def test_force_replaces_a_linked_model_folder_by_the_link_alone(pb, models, tmp_path, capsys):
+    # A model folder kept elsewhere and linked into the repository: --force replaces the link,
+    # never what it points to.
+    elsewhere, repo = tmp_path / "kept", tmp_path / "repo"
+    assert triton(capsys, models["demo_dynamo"], "--repository", elsewhere)[0] == 0
+    (elsewhere / "demo_dynamo" / "notes.txt").write_text("the user's")
+    before = {p: p.read_bytes() for p in (elsewhere / "demo_dynamo").rglob("*") if p.is_file()}
+    repo.mkdir()
+    (repo / "demo_dynamo").symlink_to(elsewhere / "demo_dynamo", target_is_directory=True)
+    code, _, err = triton(capsys, models["demo_dynamo"], "--repository", repo)
+    assert code == 1 and "notes.txt" in err and "--force" in err
+    code, out, err = triton(capsys, models["demo_dynamo"], "--repository", repo, "--force")
+    assert code == 0 and out.startswith("replaced"), err
+    assert not (repo / "demo_dynamo").is_symlink() and parse(pb, repo / "demo_dynamo").name == "demo_dynamo"
+    assert {p: p.read_bytes() for p in (elsewhere / "demo_dynamo").rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in repo.iterdir()) == ["demo_dynamo"]  # no hidden folder left behind
+
+
+def test_a_repository_that_is_a_file_is_refused_and_left_alone(models, tmp_path, capsys):
+    (tmp_path / "repo").write_text("not a folder")
+    code, _, err = triton(capsys, models["demo_dynamo"], "--repository", tmp_path / "repo")
+    assert code in (1, 2) and "repo" in err and "not a folder" in err and "Traceback" not in err
+    assert (tmp_path / "repo").read_text() == "not a folder"

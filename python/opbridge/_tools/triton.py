@@ -324,8 +324,9 @@ def write(p: Plan, repository: Path, force: bool = False) -> str:
     there already) or "replaced" (with force). A different model folder of that name is an error
     without force."""
     target = repository / p.name
-    if target.exists() and not target.is_dir():
-        raise TritonError(f"{target} exists and is not a folder")
+    for folder in (repository, target):
+        if folder.exists() and not folder.is_dir():
+            raise TritonError(f"{folder} exists and is not a folder")
     repository.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", dir=repository))
     try:
@@ -350,7 +351,10 @@ def write(p: Plan, repository: Path, force: bool = False) -> str:
         except OSError:
             old.rename(target)
             raise
-        shutil.rmtree(old)
+        if old.is_symlink():  # a model folder linked in from elsewhere: the link goes, what it names stays
+            old.unlink()
+        else:
+            shutil.rmtree(old)
         return "replaced"
     finally:
         if tmp.exists():
