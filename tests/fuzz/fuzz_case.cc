@@ -11,6 +11,7 @@
 #include <opbridge/prepare.h>
 #include <opbridge/registry.h>
 #include <opbridge/shape_infer.h>
+#include <opbridge/testing/kernel_harness.h>
 
 namespace opbridge::fuzz {
 
@@ -740,9 +741,126 @@ class Generator {
   int extra_inputs_ = 0;
 };
 
+// ---- a backward op's calls, from its forward's ----------------------------------------------
+// A backward op's valid calls depend on what its forward made of the data (resize_bicubic's
+// output size comes from the scales' values), which no spec states: generated alone, nearly all of
+// them are refusals. So some of its cases run the forward on one of the forward's own valid cases
+// and pass what autograd would (the naming that python/opbridge/_export/autograd.py relies on):
+// inputs and outputs of the forward by name, grad_<output> at that output's shape and dtype, and
+// the forward's attributes that the backward shares.
+const OpSpec* forward_of(const OpSpec& op) {
+  for (const OpSpec& f : registry().ops())
+    if (f.backward == op.name && f.cpu_kernel) return &f;
+  return nullptr;
+}
+
+InputCase input_of(const testing::Tensor& t) {
+  InputCase c;
+  c.onnx_type = onnx_type_of(t.view.dtype);
+  c.shape = t.view.shape;
+  c.allocate();
+  if (c.nbytes) std::memcpy(c.data.get(), t.view.data, c.nbytes);  // the harness's outputs are contiguous
+  return c;
+}
+
+InputCase copy_of(const InputCase& t) {
+  InputCase c;
+  c.present = t.present;
+  c.onnx_type = t.onnx_type;
+  c.shape = t.shape;
+  c.values = t.values;
+  if (t.present) {
+    c.allocate();
+    if (c.nbytes) std::memcpy(c.data.get(), t.data.get(), c.nbytes);
+  }
+  return c;
+}
+
+void fill_gradient(InputCase& t, Rng& r) {
+  t.allocate();
+  t.values = "gradient";
+  const DType d = *dtype_of_onnx(t.onnx_type);
+  if (d != DType::Float32 && d != DType::Float64 && d != DType::Float16 && d != DType::BFloat16) {
+    if (t.nbytes) std::memset(t.data.get(), 0, t.nbytes);  // an integer output has no gradient: zeros
+    return;
+  }
+  visit_dtype<float, double, Float16, BFloat16>(d, [&](auto zero) {
+    using T = decltype(zero);
+    T* p = reinterpret_cast<T*>(t.data.get());
+    for (int64_t k = 0; k < t.numel(); ++k) p[k] = narrow<T>(static_cast<compute_t<T>>(r.real(-2, 2)));
+  });
+}
+
+std::optional<Case> from_forward(const OpSpec& bwd, const OpSpec& fwd, uint64_t seed) {
+  Rng r(seed);
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    Case f = Generator(fwd, r.next()).run();
+    if (!f.mutations.empty() || f.inputs.size() != fwd.inputs.size()) continue;
+    std::vector<std::optional<testing::Tensor>> in;
+    for (const InputCase& t : f.inputs) {
+      if (!t.present) {
+        in.push_back(std::nullopt);
+        continue;
+      }
+      std::optional<DType> d = dtype_of_onnx(t.onnx_type);
+      if (!d) break;
+      in.push_back(testing::Tensor{nullptr, TensorView{t.data.get(), *d, t.shape, contiguous_strides(t.shape)}});
+    }
+    if (in.size() != f.inputs.size()) continue;
+    const std::map<std::string, AttrValue> given = read_attrs(f).given;
+    std::vector<testing::Tensor> out;
+    try {
+      out = testing::run(fwd.name, in, given, /*threaded=*/false);
+    } catch (const std::exception&) {
+      continue;  // the forward refuses these values: another case
+    }
+    bool small = true;
+    for (const testing::Tensor& t : out) small &= t.view.numel() <= kMaxElements;
+    if (!small) continue;
+    Case c;
+    c.seed = seed;
+    c.op = &bwd;
+    c.from_forward = true;
+    for (const InputSpec& i : bwd.inputs) {
+      auto named = [&](const auto& list) {
+        return std::find_if(list.begin(), list.end(), [&](const auto& x) { return x.name == i.name; }) - list.begin();
+      };
+      const size_t k_in = static_cast<size_t>(named(fwd.inputs)), k_out = static_cast<size_t>(named(fwd.outputs));
+      const std::string graded = i.name.rfind("grad_", 0) == 0 ? i.name.substr(5) : "";
+      const size_t k_grad = static_cast<size_t>(std::find_if(fwd.outputs.begin(), fwd.outputs.end(),
+                                                             [&](const OutputSpec& o) { return o.name == graded; }) -
+                                                fwd.outputs.begin());
+      if (k_grad < fwd.outputs.size()) {
+        InputCase g;
+        g.onnx_type = onnx_type_of(out[k_grad].view.dtype);
+        g.shape = out[k_grad].view.shape;
+        fill_gradient(g, r);
+        c.inputs.push_back(std::move(g));
+      } else if (k_in < fwd.inputs.size()) {
+        c.inputs.push_back(copy_of(f.inputs[k_in]));
+      } else if (k_out < fwd.outputs.size()) {
+        c.inputs.push_back(input_of(out[k_out]));
+      } else {
+        return std::nullopt;  // an input the forward's call does not give: the generator's cases only
+      }
+    }
+    for (const AttrSpec& a : bwd.attrs) {
+      auto it = given.find(a.name);
+      if (it != given.end()) c.attrs.push_back(make_attr(a.name, it->second));
+    }
+    c.node_outputs = static_cast<int>(bwd.outputs.size());
+    return c;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
-Case generate_case(const OpSpec& op, uint64_t seed) { return Generator(op, seed).run(); }
+Case generate_case(const OpSpec& op, uint64_t seed) {
+  if (const OpSpec* fwd = forward_of(op); fwd && Rng(seed ^ 0x6261636b77617264ull).chance(0.5))
+    if (std::optional<Case> c = from_forward(op, *fwd, seed)) return std::move(*c);
+  return Generator(op, seed).run();
+}
 
 std::string Case::describe() const {
   std::ostringstream os;
@@ -761,7 +879,7 @@ std::string Case::describe() const {
   os << "; ";
   for (size_t i = 0; i < attrs.size(); ++i) os << (i ? ", " : "") << attr_str(attrs[i]);
   os << ") -> " << node_outputs << " outputs";
-  os << " [" << (mutations.empty() ? "valid" : "") ;
+  os << " [" << (mutations.empty() ? (from_forward ? "valid, from a run of the forward" : "valid") : "");
   for (size_t i = 0; i < mutations.size(); ++i) os << (i ? " " : "") << mutations[i];
   os << "]";
   return os.str();

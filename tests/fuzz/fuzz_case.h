@@ -48,6 +48,7 @@ struct Case {
   int node_outputs = 0;
   std::vector<std::string> mutations;  // what makes the case unusual; empty: valid by construction
   bool structural = false;             // arity or dtypes changed: ONNX Runtime's own checks may refuse it
+  bool from_forward = false;           // a backward op's inputs made by running its forward (valid)
 
   std::string describe() const;        // one line: op, inputs, attributes, mutations
   OnnxNodeModel model() const;
