@@ -31,7 +31,7 @@ std::vector<int64_t> checked_indices(const TensorView& idx, int64_t n) {
 // out[b, c, j] = features[b, c, idx[b, j]] for the idx's per_item entries of each batch item.
 void gather_kernel(KernelContext& ctx, const TensorView& features, const TensorView& idx_t, TensorView& out) {
   const int64_t b = features.dim(0), c = features.dim(1), n = features.dim(2);
-  if (b == 0 || c == 0) return;  // nothing to write (and idx may still be read past n)
+  if (out.numel() == 0) return;  // nothing to write (idx may be read past n; b·c rows of nothing may be 2^40)
   const std::vector<int64_t> idx = checked_indices(idx_t, n);
   const int64_t per_item = static_cast<int64_t>(idx.size()) / b;
   visit_dtype<float, double, Float16, BFloat16>(features.dtype, [&](auto zero) {

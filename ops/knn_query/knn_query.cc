@@ -105,6 +105,7 @@ std::vector<int64_t> batch_lengths(const TensorView* lengths, int64_t batch, int
 void knn_points_kernel(KernelContext& ctx, const TensorView& p1, const TensorView& p2, const TensorView* lengths1,
                        const TensorView* lengths2, int64_t k, TensorView& dists, TensorView& idx) {
   const int64_t b = p1.dim(0), m = p1.dim(1), n = p2.dim(1);
+  if (b == 0 || m == 0 || k == 0) return;  // an empty result: nothing is sized by the batch (it may be 2^40)
   const std::vector<int64_t> len1 = batch_lengths(lengths1, b, m, "lengths1", "p1");
   const std::vector<int64_t> len2 = batch_lengths(lengths2, b, n, "lengths2", "p2");
   auto* ends = static_cast<int64_t*>(ctx.scratch(static_cast<size_t>(6 * b) * sizeof(int64_t)));

@@ -141,6 +141,16 @@ TEST(KnnQueryKernel, EmptyInputs) {
   check<float, int64_t>({}, {0, 0}, random_points<float>(3, 13), {1, 3}, 4, true);  // n = 0
 }
 
+TEST(KnnPointsKernel, HugeBatchOfEmptyCloudsIsAnEmptyResultAtOnce) {
+  // 2^40 batch items of no query points: nothing may be sized by the batch (a per-item table of
+  // lengths was 8 TiB).
+  const int64_t huge = int64_t{1} << 40;
+  auto out = run("knn_points", {Tensor::of<float>({huge, 0, 3}, {}), Tensor::of<float>({huge, 0, 3}, {}),
+                                std::nullopt, std::nullopt}, {{"K", int64_t{2}}});
+  EXPECT_EQ(out[0].view.shape, (Shape{huge, 0, 2}));
+  EXPECT_EQ(out[1].view.shape, (Shape{huge, 0, 2}));
+}
+
 TEST(KnnQueryKernel, SinglePoint) {
   check_self<double, int64_t>({0.5, -1.0, 2.0}, {1}, 3);
 }
