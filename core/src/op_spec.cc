@@ -318,6 +318,11 @@ void validate_spec(const OpSpec& op) {
       for (double v : std::get<std::vector<double>>(*a.default_value))
         OB_CHECK(std::isfinite(v), "attribute '", a.name, "' has a non-finite default");
   }
+  if (!op.random_when.empty()) {
+    const int a = op.attr_index(op.random_when);
+    OB_CHECK(a >= 0 && op.attrs[a].kind == AttrKind::Bool, "random_when names '", op.random_when,
+             "', which is not a bool attribute");
+  }
   OB_CHECK(!op.outputs.empty(), "op '", op.name, "' has no outputs");
   for (const OutputSpec& o : op.outputs) {
     check_name("output", o.name);

@@ -70,10 +70,13 @@ void ratio_kernel(KernelContext& ctx, const TensorView& src, const TensorView& p
   std::mt19937_64 random(random_start ? std::random_device{}() : 0);
   for (size_t i = 0; i + 1 < bounds.size(); ++i) {
     const int64_t n = bounds[i + 1] - bounds[i];
-    // ceil(n * ratio) in float32, as torch_cluster and pyg-lib compute it.
-    const auto m = static_cast<int64_t>(std::ceil(static_cast<float>(n) * static_cast<float>(ratio)));
+    // ceil(n * ratio) in float32, as torch_cluster and pyg-lib compute it; a ratio far above 1
+    // could ask for more samples than any output holds (or than int64 counts).
+    const float want = n > 0 ? std::ceil(static_cast<float>(n) * static_cast<float>(ratio)) : 0.0f;
+    OB_CHECK(want <= 0x1p62f && static_cast<int64_t>(want) <= (int64_t{1} << 62) - total, "ratio ", ratio,
+             " asks for ", want, " samples of segment ", i, " (", n, " points): more than an output can hold");
     const int64_t start = random_start && n > 0 ? static_cast<int64_t>(random() % static_cast<uint64_t>(n)) : 0;
-    segments.push_back({bounds[i], n, total, n > 0 ? m : 0, start});
+    segments.push_back({bounds[i], n, total, static_cast<int64_t>(want), start});
     total += segments.back().samples;
   }
   TensorView& idx = ctx.allocate_output(idx_out, {total});
@@ -133,6 +136,7 @@ OPBRIDGE_OP(furthest_point_sampling_ratio)
     .bool_attr("random_start", false, "start each segment at a random point (this op's own random numbers)")
     .output("idx", DType::Int64, shape::dims({data_dependent()}),
             "(sum of ceil(n_i * ratio),) rows of src, segment by segment, each in the order picked")
+    .random_when("random_start")
     .cpu(ratio_kernel);
 
 }  // namespace opbridge

@@ -82,5 +82,25 @@ TEST(FurthestPointSamplingKernel, OffsetFormAllocatesTheAskedPicks) {
             "");
 }
 
+TEST(FurthestPointSamplingKernel, RatioAskingForMoreSamplesThanAnOutputHoldsIsRefused) {
+  // ceil(n * ratio) of a huge ratio: a sample count past int64 (it overflowed into the total).
+  Tensor src = Tensor::of<float>({2, 3}, {0, 0, 0, 1, 1, 1}), ptr = Tensor::of<int64_t>({2}, {0, 2});
+  const std::string e = error_of([&] { run("furthest_point_sampling_ratio", {src, ptr}, {{"ratio", 3.4e38}}); });
+  EXPECT_NE(e.find("more than an output can hold"), std::string::npos) << e;
+  EXPECT_EQ(run("furthest_point_sampling_ratio", {src, ptr}, {{"ratio", 1.5}})[0].view.shape, (Shape{3}));
+}
+
+TEST(FurthestPointSamplingKernel, RandomStartIsDeclaredAndOnlyABoolAttributeCanSayIt) {
+  // Tools that compare two runs (the fuzzer) read this; a definition naming anything but a bool
+  // attribute is refused.
+  const OpSpec* op = registry().find("furthest_point_sampling_ratio");
+  ASSERT_NE(op, nullptr);
+  EXPECT_EQ(op->random_when, "random_start");
+  OpSpec bad = *op;
+  bad.random_when = "ratio";
+  EXPECT_NE(error_of([&] { validate_spec(bad); }).find("random_when names 'ratio', which is not a bool attribute"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace opbridge::testing

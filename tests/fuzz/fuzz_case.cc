@@ -690,7 +690,12 @@ class Generator {
       int64_t v = 0;
       switch (mode) {
         case 0: v = r_.range(-2, 8); break;
-        case 1: v = k + 1 == n ? target : std::max(prev, std::min(target, prev + r_.range(0, std::max<int64_t>(1, target / std::max<int64_t>(n, 1) * 2)))); break;
+        case 1: {  // in 128 bits: a target near INT64_MAX would overflow the step and the sum
+          const __int128 step = std::max<__int128>(1, static_cast<__int128>(target / std::max<int64_t>(n, 1)) * 2);
+          const __int128 sum = prev + static_cast<__int128>(r_.range(0, static_cast<int64_t>(std::min<__int128>(step, INT64_MAX - 1))));
+          v = k + 1 == n ? target : static_cast<int64_t>(std::max<__int128>(prev, std::min<__int128>(target, sum)));
+          break;
+        }
         case 2: v = r_.chance(0.3) ? r_.pick(kSpecialInts) : r_.range(-2, 8); break;
         case 3: v = k; break;
       }

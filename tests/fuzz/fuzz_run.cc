@@ -65,6 +65,12 @@ Shape wrapping_strides(const Shape& shape) {
   return s;
 }
 
+// The op draws random numbers in this call (OpSpec::random_when): its values are not comparable.
+bool random_outputs(const OpSpec& op, const std::vector<AttrValue>& attrs) {
+  const int a = op.random_when.empty() ? -1 : op.attr_index(op.random_when);
+  return a >= 0 && std::get<bool>(attrs[static_cast<size_t>(a)]);
+}
+
 bool shape_fits(const Shape& actual, const Shape& rule) {
   if (actual.size() != rule.size()) return false;
   for (size_t d = 0; d < rule.size(); ++d)
@@ -194,7 +200,7 @@ Outcome Runner::Impl::run(const Case& c) {
   }
   if (!spec_error.empty()) return failure("ONNX Runtime ran a call the spec rejects (" + spec_error + ")");
   Outcome out = judge_result(c, outs, views, attrs, read.given);
-  if (out.kind != Outcome::Kind::Result) return out;
+  if (out.kind != Outcome::Kind::Result || random_outputs(op, attrs)) return out;
   // The kernel is immutable after creation: the same session, run again, gives the same bits.
   try {
     std::vector<Ort::Value> again = session->Run(Ort::RunOptions{nullptr}, in_names.data(), values.data(), values.size(),
@@ -228,6 +234,7 @@ Outcome Runner::Impl::judge_result(const Case& c, std::vector<Ort::Value>& outs,
   } catch (const std::exception& e) {
     return failure(std::string("ONNX Runtime gave a result, the kernel harness an error: ") + e.what());
   }
+  const bool random = random_outputs(op, attrs);
   for (size_t j = 0; j < outs.size(); ++j) {
     const std::string oname = "output '" + op.outputs[j].name + "'";
     auto info = outs[j].GetTensorTypeAndShapeInfo();
@@ -240,6 +247,7 @@ Outcome Runner::Impl::judge_result(const Case& c, std::vector<Ort::Value>& outs,
       return failure(oname + " has shape " + shape_str(shape) + "; the shape rule gives " + shape_str(want.output_shapes[j]));
     if (ref[j].view.shape != shape)
       return failure(oname + " has shape " + shape_str(shape) + "; the kernel harness gives " + shape_str(ref[j].view.shape));
+    if (random) continue;  // random values: dtype and shape are all two runs share
     const size_t nbytes = static_cast<size_t>(ref[j].view.numel()) * dtype_size(*d);
     const void* got = outs[j].GetTensorRawData();
     const void* exp = ref[j].view.data;

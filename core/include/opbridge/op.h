@@ -148,6 +148,9 @@ class OpBuilder {
   // broadcast input's shape is summed down to it by the glue. Integer outputs are not
   // differentiable.
   OpBuilder& backward(std::string op) { spec_.backward = std::move(op); return *this; }
+  // The outputs are random when the bool attribute `attr` is true (e.g. a random start point):
+  // checks that compare two runs, or two runtimes, compare dtypes and shapes only there.
+  OpBuilder& random_when(std::string attr) { spec_.random_when = std::move(attr); return *this; }
   // Adds what several ops declare alike (e.g. the attributes and checks an op shares with its
   // backward op): `declare(builder)` is called here, in the chain's order.
   template <typename Fn>

@@ -241,6 +241,9 @@ struct OpSpec {
   Kernel cpu_kernel;
   // The op of this library that computes the gradient (see OpBuilder::backward); "": none.
   std::string backward;
+  // A bool attribute that, when true, makes the outputs random (OpBuilder::random_when): two calls
+  // on the same inputs need not agree, so tools compare only their dtypes and shapes. "": none.
+  std::string random_when;
   std::vector<PythonOperator> python_operators;  // what substitution routes here
 
   const TypeConstraint& type(const std::string& name) const;
