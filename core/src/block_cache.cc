@@ -1,9 +1,54 @@
 #include <opbridge/block_cache.h>
 
+#include <pthread.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
 namespace opbridge {
+namespace {
+
+// fork() copies a lock that another thread holds as held, and the child has no thread to release
+// it: a child forked while another thread was inside take or give (a DataLoader worker forked
+// while a thread runs ops) would wait forever for its first large block. So, as glibc does for
+// malloc's locks, fork takes the lock of every cache first and each side releases them after.
+struct ForkLocks {
+  std::mutex mutex;  // guards `caches`; taken before their locks
+  std::vector<std::mutex*> caches;
+};
+
+ForkLocks& fork_locks();
+
+void lock_all() {
+  ForkLocks& f = fork_locks();
+  f.mutex.lock();
+  for (std::mutex* m : f.caches) m->lock();
+}
+
+void unlock_all() {
+  ForkLocks& f = fork_locks();
+  for (auto m = f.caches.rbegin(); m != f.caches.rend(); ++m) (*m)->unlock();
+  f.mutex.unlock();
+}
+
+ForkLocks& fork_locks() {
+  // Never destroyed: a cache may be destroyed, or the process fork, while statics are torn down.
+  static ForkLocks* const locks = [] {
+    auto* f = new ForkLocks;
+    pthread_atfork(lock_all, unlock_all, unlock_all);
+    return f;
+  }();
+  return *locks;
+}
+
+}  // namespace
+
+BlockCache::BlockCache(size_t cap) : cap_(cap) {
+  ForkLocks& f = fork_locks();
+  std::lock_guard<std::mutex> lock(f.mutex);
+  f.caches.push_back(&mutex_);
+}
 
 void* BlockCache::take(size_t n, size_t& size) {
   if (n >= kMinCached && cap_ > 0) {
@@ -43,6 +88,11 @@ void BlockCache::give(void* block, size_t size) {
 }
 
 BlockCache::~BlockCache() {
+  {
+    ForkLocks& f = fork_locks();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    f.caches.erase(std::find(f.caches.begin(), f.caches.end(), &mutex_));
+  }
   for (const Kept& k : kept_) std::free(k.block);
 }
 

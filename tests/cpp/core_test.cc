@@ -2,9 +2,16 @@
 // manifest. Op kernels are tested next to their definitions (ops/<op>/<op>_test.cc).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cmath>
+#include <csignal>
 #include <random>
+#include <thread>
 
 #include <opbridge/testing/kernel_harness.h>
 #include "opbridge/block_cache.h"
@@ -181,6 +188,51 @@ TEST(BlockCache, KernelScratchIsReusedAcrossCalls) {
   };
   void* first = scratch_of_a_call();
   EXPECT_EQ(scratch_of_a_call(), first);
+}
+
+// A process forked while another thread holds a cache's lock (inside take or give) gets a copy
+// of the lock that no thread of its own will release: without the fork handlers its first take of
+// a large block would wait forever (a DataLoader worker forked while another thread runs ops). A
+// thread takes and gives back blocks without pause while this one forks; each child takes a
+// block and must be done within a deadline.
+TEST(BlockCache, ForkWhileAnotherThreadUsesItLeavesTheChildAUsableCache) {
+  constexpr size_t MiB = size_t{1} << 20;
+  BlockCache cache(8 * MiB);
+  std::atomic<bool> stop{false};
+  std::thread user([&] {
+    while (!stop) {
+      size_t size = 0;
+      void* p = cache.take(MiB, size);
+      cache.give(p, size);
+    }
+  });
+  int hung = 0, failed = 0;
+  for (int i = 0; i < 50 && hung == 0; ++i) {
+    const pid_t pid = fork();
+    ASSERT_NE(pid, -1);
+    if (pid == 0) {
+      size_t size = 0;
+      void* p = cache.take(MiB, size);
+      cache.give(p, size);
+      _exit(0);
+    }
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        ++hung;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!hung && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) ++failed;
+  }
+  stop = true;
+  user.join();
+  EXPECT_EQ(hung, 0) << "a child forked while another thread used the cache never finished its first take";
+  EXPECT_EQ(failed, 0);
 }
 
 TEST(Strides, RowMajorAndSaturatingForEmptyTensorsWithHugeDims) {

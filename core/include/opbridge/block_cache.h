@@ -18,8 +18,10 @@ class BlockCache {
  public:
   static constexpr size_t kMinCached = size_t{1} << 20;
 
-  // `cap`: the most bytes of unused blocks it keeps (0: keeps nothing).
-  explicit BlockCache(size_t cap) : cap_(cap) {}
+  // `cap`: the most bytes of unused blocks it keeps (0: keeps nothing). fork() takes the lock of
+  // every cache while it copies the process, so a forked child's caches are never locked for good
+  // (block_cache.cc).
+  explicit BlockCache(size_t cap);
   ~BlockCache();  // frees the kept blocks (blocks still taken are their users')
   BlockCache(const BlockCache&) = delete;
   BlockCache& operator=(const BlockCache&) = delete;
