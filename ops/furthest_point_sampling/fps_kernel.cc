@@ -143,7 +143,7 @@ void chain(KernelContext& ctx, const S* p, int64_t dims, const Segment& s, const
 int64_t cuda_threads(int64_t largest, int64_t cap) {
   if (cap <= 0) return 0;
   int64_t t = 1;
-  while (t * 2 <= std::min(largest, cap)) t *= 2;
+  while (t <= std::min(largest, cap) / 2) t *= 2;  // t * 2 <= min(...) without overflowing at 2^62
   return t;
 }
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <opbridge/testing/kernel_harness.h>
 
+#include "fps_kernel.h"
+
 #include <random>
 
 namespace opbridge::testing {
@@ -88,6 +90,17 @@ TEST(FurthestPointSamplingKernel, RatioAskingForMoreSamplesThanAnOutputHoldsIsRe
   const std::string e = error_of([&] { run("furthest_point_sampling_ratio", {src, ptr}, {{"ratio", 3.4e38}}); });
   EXPECT_NE(e.find("more than an output can hold"), std::string::npos) << e;
   EXPECT_EQ(run("furthest_point_sampling_ratio", {src, ptr}, {{"ratio", 1.5}})[0].view.shape, (Shape{3}));
+}
+
+TEST(FurthestPointSamplingKernel, TheCudaBlockSizeOfHugeSegmentsAndCapsDoesNotOverflow) {
+  // The largest power of two within both: doubling past 2^62 overflowed (and then never ended).
+  EXPECT_EQ(fps::cuda_threads(int64_t{1} << 62, int64_t{1} << 62), int64_t{1} << 62);
+  EXPECT_EQ(fps::cuda_threads(INT64_MAX, INT64_MAX), int64_t{1} << 62);
+  EXPECT_EQ(fps::cuda_threads(1000, 512), 512);
+  EXPECT_EQ(fps::cuda_threads(300, 1024), 256);
+  Tensor y = run("furthest_point_sampling", {Tensor::of<float>({0, int64_t{1} << 62, 3}, {})},
+                 {{"npoint", int64_t{2}}, {"tie_threads", int64_t{1} << 62}})[0];
+  EXPECT_EQ(y.view.shape, (Shape{0, 2}));
 }
 
 TEST(FurthestPointSamplingKernel, RandomStartIsDeclaredAndOnlyABoolAttributeCanSayIt) {

@@ -86,6 +86,8 @@ void backward_typed(KernelContext& ctx, const TensorView& grad_out, const Tensor
   const T* go = grad_out.data_as<T>();
   T* gs = grad_src.data_as<T>();
   std::fill(gs, gs + n * f, narrow<T>(C(0)));  // rows of no segment, and rows min/max did not pick
+  // No gradient to place; f may be huge when there are no rows, and n when there are no columns.
+  if (segments == 0 || f == 0) return;
   if (op == Reduce::Sum || op == Reduce::Mean) {
     ctx.parallel_for(segments, 16, [&](int64_t lo, int64_t hi) {
       for (int64_t seg = lo; seg < hi; ++seg) {  // a row is in one segment: no two tasks write it
@@ -100,7 +102,6 @@ void backward_typed(KernelContext& ctx, const TensorView& grad_out, const Tensor
     });
     return;
   }
-  if (segments == 0 || f == 0) return;  // no gradient to place (and f may be huge when there are no rows)
   // Min/max: each value's gradient goes to the row arg names. The forward's picks name a row once,
   // but an arg given to the backward may name one twice: the gradients then add up. Tasks split the
   // columns and walk the segments in order, so the sums do not depend on the threads.

@@ -120,6 +120,16 @@ TEST(SegmentReduceKernel, BackwardSendsEachGradientToItsRows) {
   EXPECT_EQ(grad_of("min"), (std::vector<float>{6, 0, 0, 10}));
 }
 
+TEST(SegmentReduceKernel, BackwardOfManyRowsWithNoColumnsReturnsAtOnce) {
+  // 2^40 rows of no column: an empty gradient, without walking the rows one by one.
+  const int64_t rows = int64_t{1} << 40;
+  for (const char* reduce : {"sum", "mean", "max"}) {
+    Tensor g = run("segment_csr_backward", {Tensor::of<float>({rows, 0}, {}), Tensor::of<int64_t>({3}, {0, rows / 2, rows}),
+                                            Tensor::of<float>({2, 0}, {})}, {{"reduce", std::string(reduce)}})[0];
+    EXPECT_EQ(g.view.shape, (Shape{rows, 0}));
+  }
+}
+
 TEST(SegmentReduceKernel, BadBoundsAndIndicesAreErrors) {
   Tensor src = Tensor::random<float>({4, 2}, 13);
   EXPECT_THROW(run("segment_csr", {src, Tensor::of<int64_t>({3}, {0, 3, 2})}), std::exception);
