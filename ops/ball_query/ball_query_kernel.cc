@@ -24,10 +24,13 @@ constexpr double kCellsPerPoint = 2.0;
 // from ever letting a point two cells away into a ball.
 constexpr double kCellMargin = 1e-5;
 
+// The grid works on halved coordinates (exact, bar the last bit of a subnormal, far below any
+// cell's margin): float64 points near the largest value of both signs are further apart than any
+// double, but their halves' differences are finite, so every point lies in the grid.
 template <typename C>
 struct Grid {
-  double origin[3] = {0, 0, 0};
-  double cell = 1;
+  double half_origin[3] = {0, 0, 0};  // half the smallest coordinate of each axis
+  double half_cell = 0.5;             // half the cell width
   int64_t cells[3] = {1, 1, 1};
   std::vector<int64_t> start;  // per cell: its first position in `order` (cells + 1 entries)
   std::vector<int32_t> order;  // point indices, by cell, then index
@@ -35,7 +38,7 @@ struct Grid {
   int64_t n = 0;
 
   int64_t cell_of(double v, int a) const {  // unclamped, within [-2, cells + 1]
-    const double c = std::floor((v - origin[a]) / cell);
+    const double c = std::floor((v * 0.5 - half_origin[a]) / half_cell);
     return static_cast<int64_t>(std::clamp(c, -2.0, static_cast<double>(cells[a] + 1)));
   }
   // The cell a point falls in (its cell_of clamped into the grid), as one index.
@@ -59,17 +62,20 @@ Grid<C> build(const C* p, int64_t n, double radius) {
       hi[a] = std::max(hi[a], static_cast<double>(p[k * 3 + a]));
     }
     if (n == 0) lo[a] = hi[a] = 0;
-    g.origin[a] = lo[a];
+    g.half_origin[a] = lo[a] * 0.5;
   }
-  g.cell = std::max(radius * (1 + kCellMargin), std::numeric_limits<double>::min());
+  double half_extent[3];
+  for (int a = 0; a < 3; ++a) half_extent[a] = hi[a] * 0.5 - lo[a] * 0.5;
+  g.half_cell = std::max(radius * (1 + kCellMargin), std::numeric_limits<double>::min()) * 0.5;
   const double limit = kCellsPerPoint * static_cast<double>(n) + 8;
   for (;;) {  // widen cells until the grid is small enough (wider cells stay correct, just slower)
     double total = 1;
-    for (int a = 0; a < 3; ++a) total *= std::floor((hi[a] - lo[a]) / g.cell) + 1;
+    for (int a = 0; a < 3; ++a) total *= std::floor(half_extent[a] / g.half_cell) + 1;
     if (total <= limit) break;
-    g.cell *= std::max(1.25, std::cbrt(total / limit));
+    // Finite, however wide: at the largest half width every axis has at most 2 cells, which fit.
+    g.half_cell = std::min(g.half_cell * std::max(1.25, std::cbrt(total / limit)), std::numeric_limits<double>::max());
   }
-  for (int a = 0; a < 3; ++a) g.cells[a] = static_cast<int64_t>(std::floor((hi[a] - lo[a]) / g.cell)) + 1;
+  for (int a = 0; a < 3; ++a) g.cells[a] = static_cast<int64_t>(std::floor(half_extent[a] / g.half_cell)) + 1;
   const int64_t total = g.cells[0] * g.cells[1] * g.cells[2];
   std::vector<int64_t> cell_of(static_cast<size_t>(n));
   g.start.assign(static_cast<size_t>(total) + 1, 0);

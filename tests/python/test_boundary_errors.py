@@ -1,10 +1,12 @@
 """Errors at the boundaries a user crosses: an export that fails (the op's own error, an op nothing
 can translate, any other failure) in one plain line, a model whose custom domain no loaded library
-provides, and an op library's PyTorch and ONNX Runtime files passed for each other (told by what
-the files export, not by their names)."""
+provides, an op library's PyTorch and ONNX Runtime files passed for each other (told by what
+the files export, not by their names), backward ops called directly with inputs of a wrong dtype,
+rank or shape (eagerly and as ONNX nodes), and double backward through any op with a gradient."""
 
 import ctypes.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +20,12 @@ import torch
 from onnx import TensorProto, helper
 
 import opbridge
+from op_cases import backward_ops, builtin_ops, op_cases, run_isolated, samples_of
+from opbridge._library.kinds import DTYPES
 from opbridge._library.registry import libraries as loaded_libraries
+from opbridge._library.shapes import failed_checks
+from opbridge._tools.testing._cases import ORT_ERRORS
+from opbridge.testing import node_model
 
 ROOT = Path(__file__).resolve().parents[2]
 # The installed runner, or another build of it (OPBRIDGE_RUN=build-x/tools/opbridge-run).
@@ -285,3 +292,192 @@ def test_opbridge_run_library_that_is_not_an_onnxruntime_one(foreign_model, tmp_
                        capture_output=True, text=True, env={}, timeout=60)
     assert r.returncode == 1
     assert r.stderr == f"opbridge-run: error: --library {library}: {message}\n"
+
+
+# ---- backward ops called directly with inputs of a wrong dtype, rank or shape -------------------
+#
+# Every backward op of the registry (op.backward of some op) is an op of its own, callable as
+# torch.ops.opbridge.<name>_backward and as an ONNX node. Each is called with a valid call (the one
+# autograd makes after its forward op's first sample) changed in one input, derived from the spec:
+# a dtype its type constraint lacks, one axis more or less than its rank, one more row on an axis
+# that a check of the spec relates to another input (or an attribute or a constant), and a shape
+# that differs from an input an output's shape rule says it must equal. Each gives the op's own
+# RuntimeError. The eager calls run in child processes: a crash or a hang fails that op's test
+# instead of ending the run.
+
+BACKWARD_OPS = backward_ops()
+WRONG_DTYPES = ("int64", "int32", "uint8", "float64", "float32")
+
+
+def _listed(names) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _valid_call(op):
+    """The op's first derived call whose inputs are all non-empty, its inputs padded to the spec's."""
+    sample = next(s for s in samples_of(op) if all(t is None or t.numel() for t in s.inputs))
+    return list(sample.inputs) + [None] * (len(op.inputs) - len(sample.inputs)), dict(sample.attrs)
+
+
+def _one_more(t: torch.Tensor, axis: int) -> torch.Tensor:
+    """t with one more entry on `axis`, a copy of its first (indices stay valid indices)."""
+    return torch.cat([t, t.narrow(axis, 0, 1)], axis)
+
+
+def backward_op_mutations(op) -> list[tuple[str, list, dict, str]]:
+    """(what, inputs, attributes, the start of the expected message) per bad call of `op`."""
+    inputs, attrs = _valid_call(op)
+    q, names = op.qualified_name, [i.name for i in op.inputs]
+
+    def changed(k, t):
+        return [t if j == k else x for j, x in enumerate(inputs)]
+
+    found = []
+    for k, (spec, t) in enumerate(zip(op.inputs, inputs)):
+        if t is None:
+            continue
+        allowed = op.type_constraint(spec.type).dtypes
+        bad = next(d for d in WRONG_DTYPES if d not in allowed)
+        found.append((f"dtype: {spec.name} as {bad}", changed(k, t.to(DTYPES[bad].torch)), attrs,
+                      f"{q}: input '{spec.name}' has dtype {bad}; expected {_listed(allowed)}"))
+        if spec.rank >= 0:
+            for wrong in (t.unsqueeze(0), t.flatten(0, 1) if t.dim() >= 2 else None):
+                if wrong is not None:
+                    found.append((f"rank: {spec.name} of rank {wrong.dim()}", changed(k, wrong), attrs,
+                                  f"{q}: input '{spec.name}' must have rank {spec.rank}, got shape {list(wrong.shape)}"))
+    seen = set()
+    for check in op.checks:
+        for side in (check.lhs, check.rhs):
+            if side.kind != "dim":
+                continue
+            name = next((n for n in side.inputs if inputs[names.index(n)] is not None), None)
+            if name is None or (name, side.value) in seen:
+                continue
+            seen.add((name, side.value))
+            k = names.index(name)
+            bad_call = changed(k, _one_more(inputs[k], side.value))
+            failed = failed_checks(op, [None if x is None else list(x.shape) for x in bad_call], attrs)
+            assert failed, f"{name}.shape[{side.value}] + 1 fails no check of {q}"
+            first = next(c for c in op.checks if failed[0].startswith(f"{c.what}: {c.text} fails"))
+            found.append((f"shape: {name}.shape[{side.value}] + 1", bad_call, attrs, f"{q}: {first.what}"))
+    for out in op.outputs:
+        same = [n for n in out.shape.inputs if inputs[names.index(n)] is not None] if out.shape.kind == "same" else []
+        if len(same) >= 2:
+            a, b = same[:2]
+            k = names.index(b)
+            bad_call = changed(k, _one_more(inputs[k], -1))
+            found.append((f"same shape: {b} vs {a}", bad_call, attrs,
+                          f"{q}: inputs '{a}' {list(inputs[names.index(a)].shape)} and '{b}' "
+                          f"{list(bad_call[k].shape)} must have the same shape"))
+    unique = {}
+    for m in found:
+        unique.setdefault(m[0], m)
+    return list(unique.values())
+
+
+def _args(inputs: list) -> list:
+    """The positional arguments of a call: omitted trailing optional inputs dropped."""
+    inputs = list(inputs)
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    return inputs
+
+
+def backward_op_errors(name: str) -> dict:
+    """What each bad call of the backward op `name` raised (its message; "no error" if none), and
+    the valid call after them: run in a child process (run_isolated), so a crash or a hang fails
+    this op's test rather than ending the run."""
+    op = opbridge.builtin.op(name)
+    calls = [(what, inputs, attrs) for what, inputs, attrs, _ in backward_op_mutations(op)]
+    calls.append(("the valid call, after them", *_valid_call(op)))
+    results = {}
+    for what, inputs, attrs in calls:
+        try:
+            op.overload(*_args(inputs), **attrs)
+            results[what] = "no error"
+        except RuntimeError as e:
+            results[what] = str(e)
+    return results
+
+
+@pytest.fixture(scope="module")
+def backward_op_results():
+    return run_isolated("test_boundary_errors", "backward_op_errors", [[op.name] for op in BACKWARD_OPS])
+
+
+def test_every_backward_op_is_checked():
+    assert {op.name for op in BACKWARD_OPS} >= {"my_add_backward", "deform_conv2d_backward", "resize_bicubic_backward"}
+    assert all(samples_of(op) for op in BACKWARD_OPS), "a backward op without a derived call"
+
+
+@pytest.mark.parametrize("op", BACKWARD_OPS, ids=[op.name for op in BACKWARD_OPS])
+def test_backward_op_called_directly_with_bad_inputs_gives_its_error(op, backward_op_results):
+    results = backward_op_results[(op.name,)]
+    if "died" in results:
+        pytest.fail(f"{op.qualified_name} called with bad inputs: {results['died']}")
+    mutations = backward_op_mutations(op)
+    kinds = {what.split(":")[0] for what, *_ in mutations}
+    assert "dtype" in kinds and ("rank" in kinds or all(i.rank < 0 for i in op.inputs))
+    assert "shape" in kinds or "same shape" in kinds or len(op.inputs) == 1
+    for what, _, _, expected in mutations:
+        assert results[what].startswith(expected), f"{what}:\n  got:      {results[what]}\n  expected: {expected}..."
+    assert results["the valid call, after them"] == "no error"
+
+
+def _onnxruntime_run(op, inputs, attrs):
+    arrays = [None if t is None else t.numpy() for t in inputs]
+    m = node_model(op, arrays, attrs)
+    feeds = {i.name: x for i, x in zip(op.inputs, arrays) if x is not None}
+    return opbridge.session(m).run(None, feeds)
+
+
+@pytest.mark.parametrize("op", BACKWARD_OPS, ids=[op.name for op in BACKWARD_OPS])
+def test_backward_op_node_with_bad_inputs_fails_naming_the_op(op):
+    # The representative mutations as ONNX nodes: a wrong dtype (ONNX Runtime's type check, naming
+    # the op type and the input) and the first shape the checks relate (the op's own error, naming
+    # the op and the node); the valid node still runs after them.
+    inputs, attrs = _valid_call(op)
+    mutations = backward_op_mutations(op)
+    what, bad, _, _ = next(m for m in mutations if m[0].startswith("dtype: "))
+    name, dtype = what.removeprefix("dtype: ").split(" as ")
+    with pytest.raises(ORT_ERRORS, match=re.escape(f"Type Error: Type '{DTYPES[dtype].onnx_type}' of input parameter "
+                                                   f"({name}) of operator ({op.onnx_type})")):
+        _onnxruntime_run(op, bad, attrs)
+    shape = next((m for m in mutations if m[0].startswith("shape: ")), None)
+    if shape is not None:
+        what, bad, _, expected = shape
+        reason = expected.removeprefix(f"{op.qualified_name}: ")
+        with pytest.raises(ORT_ERRORS, match=re.escape(f"{op.qualified_name} (node '{op.name}_node'): {reason}")):
+            _onnxruntime_run(op, bad, attrs)
+    want = op.overload(*_args(inputs), **attrs)
+    want = [want] if isinstance(want, torch.Tensor) else list(want)
+    for g, w in zip(_onnxruntime_run(op, inputs, attrs), want):
+        np.testing.assert_array_equal(g, w.numpy())
+
+
+# ---- double backward: refused naming the op, for every op with a gradient ----------------------
+
+GRADIENT_OPS = [op for op in builtin_ops() if op.backward and op.defines_torch_op and op.name in op_cases()]
+
+
+@pytest.mark.parametrize("op", GRADIENT_OPS, ids=[op.name for op in GRADIENT_OPS])
+def test_double_backward_is_refused_naming_the_op(op):
+    # test_autograd checks it for deform_conv2d; here for every op whose definition names a
+    # backward op: differentiating a gradient taken with create_graph=True is the op's error.
+    differentiable = {o.name[len("grad_"):] for o in op.library.op(op.backward).outputs}
+    for sample in op_cases()[op.name].samples:
+        inputs = [t.detach().clone().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                  and t.numel() and spec.name in differentiable else t for t, spec in zip(sample.inputs, op.inputs)]
+        wrt = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+        if wrt:
+            break
+    else:
+        pytest.fail(f"no sample of {op.name} has a non-empty differentiable input")
+    outs = op.overload(*inputs, **sample.attrs)
+    outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
+    loss = sum((torch.where(torch.isfinite(o), o, 0).double() ** 2).sum() for o in outs if o.is_floating_point())
+    grads = [g for g in torch.autograd.grad(loss, wrt, create_graph=True, allow_unused=True) if g is not None]
+    assert grads and all(g.requires_grad for g in grads)
+    with pytest.raises(opbridge.OpbridgeError, match="^" + re.escape(f"{op.qualified_name}: double backward (a gradient "
+                                                                     "of its gradient) is not supported")):
+        torch.autograd.grad(sum(g.sum() for g in grads), wrt, allow_unused=True)
