@@ -17,62 +17,15 @@ Both sides run on the same number of torch intra-op threads (1 and 2).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-
-from common import Row, interleaved, progress
+from common import Row, Worker, bench_venv, interleaved, progress
 
 HERE = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("OPBRIDGE_TORCHVISION_VENV", HERE / ".torchvision-venv"))
 PINS = ["torch==2.14.1", "torchvision==0.29.1"]
-
-
-def _venv_python(create: bool) -> Path | None:
-    """The benchmark environment's Python: made on request (a full run), else only if it exists."""
-    python = VENV / "bin" / "python"
-    if python.exists():
-        return python
-    if not create:
-        progress(f"deform_conv2d backward: skipped, no torchvision environment at {VENV} (a full run creates it)")
-        return None
-    progress(f"deform_conv2d backward: creating {VENV} with {' '.join(PINS)} (about 5.5 GB; minutes)")
-    base = getattr(sys, "_base_executable", sys.executable)  # the interpreter .venv was made from
-    try:
-        subprocess.run([base, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *PINS], check=True)
-        subprocess.run([str(python), "-c", "import torchvision.ops"], check=True)
-    except (subprocess.CalledProcessError, OSError) as e:
-        progress(f"deform_conv2d backward: skipped, torchvision could not be installed ({e})")
-        return None
-    return python
-
-
-class Worker:
-    """One implementation in its own process (deform_worker.py), answering one request at a time."""
-
-    def __init__(self, python: Path, impl: str, case: Path, threads: int):
-        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(HERE.parent / "python")}
-        self.proc = subprocess.Popen([str(python), str(HERE / "deform_worker.py"), impl, str(case), str(threads)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        first = self.proc.stdout.readline().split(maxsplit=1)
-        if first[:1] != ["ready"]:
-            raise RuntimeError(f"the {impl} worker did not start")
-        self.version = first[1].strip()
-
-    def __call__(self, cmd: str) -> None:
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-        reply = self.proc.stdout.readline().strip()
-        if reply != "ok":
-            raise RuntimeError(f"worker answered {reply!r} to {cmd!r}")
-
-    def close(self) -> None:
-        self.proc.stdin.close()  # end of input: the worker returns
-        self.proc.wait(timeout=60)
 
 
 def _case(python: Path, n: int, c: int, hw: int, og: int, threads: int, rounds: int) -> list[Row]:
@@ -88,18 +41,15 @@ def _case(python: Path, n: int, c: int, hw: int, og: int, threads: int, rounds: 
     with tempfile.TemporaryDirectory() as tmp:
         case = Path(tmp) / "case.pt"
         torch.save({"inputs": inputs, "attrs": attrs, "grad": torch.randn(n, c, hw, hw, generator=g)}, case)
-        ours = Worker(Path(sys.executable), "opbridge", case, threads)
-        theirs = Worker(python, "torchvision", case, threads)
+        ours = Worker(sys.executable, "deform_worker.py", "opbridge", case, threads)
+        theirs = Worker(python, "deform_worker.py", "torchvision", case, threads)
         try:
             results = []
             for w, out in ((ours, "ours.pt"), (theirs, "theirs.pt")):
                 w(f"save {Path(tmp) / out}")
                 results.append(torch.load(Path(tmp) / out))
             diff = max(float((a - b).abs().max() / (b.abs().max() + 1e-30)) for a, b in zip(*results))
-            t0 = time.perf_counter()
-            for _ in range(100):
-                theirs("ping")
-            ping_ms = (time.perf_counter() - t0) * 10
+            ping_ms = theirs.round_trip_ms()
             shape = f"n={n} c={c}->{c} {hw}x{hw} k=3 pad=1 offset_groups={og} mask+bias, {threads} thread(s)"
             notes = {theirs.version: f"max relative |diff| of the output and gradients {diff:.1e}",
                      ours.version: f"both in their own process; a request's pipe round trip ({ping_ms:.3f} ms) counted"}
@@ -114,7 +64,7 @@ def _case(python: Path, n: int, c: int, hw: int, og: int, threads: int, rounds: 
 
 
 def run(quick: bool) -> list[Row]:
-    python = _venv_python(create=not quick)
+    python = bench_venv(VENV, PINS, "import torchvision.ops", create=not quick, what="deform_conv2d backward")
     if python is None:
         return []
     c, hw = (16, 16) if quick else (64, 64)

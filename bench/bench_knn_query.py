@@ -10,16 +10,29 @@ Every row computes the same thing from scratch, index built per call included:
 Timed in interleaved rounds. The brute force takes seconds per call at full size, so it has
 rounds of its own, each beside one call of the subject: its ratios are to the subject's times in
 those rounds.
+
+Then the same calls with every library in a worker process of its own (knn_worker.py; one
+request per timed run, the pipe's round trip counted for all alike): opbridge through ONNX
+Runtime, pykdtree, scipy and Open3D's nearest-neighbour search (nanoflann's k-d tree). Open3D
+brings many dependencies, so it lives in a benchmark-only environment, $OPBRIDGE_OPEN3D_VENV or
+bench/.open3d-venv (a full run creates it; Open3D needs the libusb-1.0-0 Debian package).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import torch
 
-from common import Row, interleaved, ort_session, progress
+from common import Row, Worker, bench_venv, interleaved, ort_session, progress
 
 SUBJECT = "opbridge (ONNX Runtime)"
+OPEN3D_VENV = Path(os.environ.get("OPBRIDGE_OPEN3D_VENV", Path(__file__).resolve().parent / ".open3d-venv"))
+OPEN3D_PINS = ["open3d-cpu==0.20.0"]
 
 
 class _Knn(torch.nn.Module):
@@ -106,9 +119,41 @@ def _case(xyz: np.ndarray, offset: np.ndarray, k: int, quick: bool) -> list[Row]
     return rows
 
 
+def _per_process_case(xyz: np.ndarray, offset: np.ndarray, k: int, quick: bool, open3d: Path | None) -> list[Row]:
+    """Every library in its own worker process, timed in interleaved rounds of one request each."""
+    name = f"knn_query n=m={len(xyz)} b=2 k={k} float32, each library in its own process"
+    with tempfile.TemporaryDirectory() as tmp:
+        case = Path(tmp) / "case.npz"
+        np.savez(case, xyz=xyz, offset=offset)
+        pythons = {"opbridge": sys.executable, "pykdtree": sys.executable, "scipy": sys.executable}
+        if open3d is not None:
+            pythons["open3d"] = open3d
+        workers = {lib: Worker(python, "knn_worker.py", lib, case, k) for lib, python in pythons.items()}
+        try:
+            # A benchmark of a wrong answer is worthless: every library finds the same distances.
+            want = None
+            for lib, w in workers.items():
+                w(f"save {Path(tmp) / lib}.npy")
+                got = np.load(Path(tmp) / f"{lib}.npy")
+                want = got if want is None else want
+                assert np.allclose(got, want, rtol=1e-4, atol=1e-9), f"{lib}'s distances differ from opbridge's"
+            ping = max(w.round_trip_ms() for w in workers.values())
+            labels = {lib: f"{w.version} [own process]" for lib, w in workers.items()}
+            progress(f"{name}: {', '.join(labels.values())}")
+            return interleaved(name, {labels[lib]: (lambda w=w: w("run")) for lib, w in workers.items()},
+                               rounds=3 if quick else 15,
+                               notes={labels["opbridge"]: f"every library's request includes the pipe's round trip "
+                                                          f"(at most {ping:.3f} ms)"})
+        finally:
+            for w in workers.values():
+                w.close()
+
+
 def run(quick: bool) -> list[Row]:
     n = 10_000 if quick else 100_000
     rng = np.random.default_rng(0)
     xyz = rng.random((n, 3), dtype=np.float32)
     offset = np.array([n // 2, n], np.int64)
-    return [row for k in (16, 1) for row in _case(xyz, offset, k, quick)]
+    rows = [row for k in (16, 1) for row in _case(xyz, offset, k, quick)]
+    open3d = bench_venv(OPEN3D_VENV, OPEN3D_PINS, "import open3d.core", create=not quick, what="knn_query with Open3D")
+    return rows + [row for k in (16, 1) for row in _per_process_case(xyz, offset, k, quick, open3d)]

@@ -151,3 +151,66 @@ def note_floor(rows: list[Row], floor_impl: str) -> None:
 
 def progress(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def bench_venv(path, pins: list[str], check: str, create: bool, what: str):
+    """The Python of a benchmark-only environment at `path` (a peer that cannot share .venv: another
+    torch, or a package of many dependencies), made with `pins` on request (a full run) and checked
+    with the statement `check`; else only if it exists. None, with a message, when there is none."""
+    import subprocess
+    from pathlib import Path
+
+    path = Path(path)
+    python = path / "bin" / "python"
+    if python.exists():
+        return python
+    if not create:
+        progress(f"{what}: skipped, no environment at {path} (a full run creates it)")
+        return None
+    progress(f"{what}: creating {path} with {' '.join(pins)} (minutes)")
+    base = getattr(sys, "_base_executable", sys.executable)  # the interpreter .venv was made from
+    try:
+        subprocess.run([base, "-m", "venv", str(path)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True)
+        subprocess.run([str(python), "-c", check], check=True)
+    except (subprocess.CalledProcessError, OSError) as e:
+        progress(f"{what}: skipped, the environment could not be made ({e})")
+        return None
+    return python
+
+
+class Worker:
+    """An implementation in a process of its own (a bench/*_worker.py script), answering one request
+    per line: so that peers from another environment can run, and no two implementations' OpenMP
+    threads spin on each other's cores (OMP_WAIT_POLICY=PASSIVE). The script prints
+    "ready <version>" first, then "ok" per request."""
+
+    def __init__(self, python, script: str, *args: str):
+        import subprocess
+
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": os.path.join(_HERE, "..", "python")}
+        self.proc = subprocess.Popen([str(python), os.path.join(_HERE, script), *map(str, args)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        first = self.proc.stdout.readline().split(maxsplit=1)
+        if first[:1] != ["ready"]:
+            self.proc.kill()
+            raise RuntimeError(f"the worker {script} {' '.join(map(str, args))} did not start")
+        self.version = first[1].strip()
+
+    def __call__(self, cmd: str) -> None:
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline().strip()
+        if reply != "ok":
+            raise RuntimeError(f"worker answered {reply!r} to {cmd!r}")
+
+    def round_trip_ms(self, n: int = 100) -> float:
+        """The pipe's own round trip (a "ping" request), which every timed request includes."""
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self("ping")
+        return (time.perf_counter() - t0) * 1000 / n
+
+    def close(self) -> None:
+        self.proc.stdin.close()  # end of input: the worker returns
+        self.proc.wait(timeout=60)

@@ -16,6 +16,7 @@ Reads one command per line on stdin and answers one line on stdout:
 import sys
 
 import torch
+from worker_loop import serve
 
 
 def implementation(name: str, attrs: dict):
@@ -50,20 +51,12 @@ def main() -> None:
         y.backward(go)
         return y
 
-    print("ready", version, flush=True)
-    for line in sys.stdin:
-        cmd, _, arg = line.strip().partition(" ")
-        if cmd == "fwd":
-            with torch.no_grad():
-                op(*ts)
-        elif cmd == "fwdbwd":
-            forward_backward()
-        elif cmd == "save":
-            torch.save([forward_backward().detach()] + [t.grad for t in ts], arg)
-        elif cmd != "ping":
-            print(f"unknown command {cmd!r}", flush=True)
-            continue
-        print("ok", flush=True)
+    def no_grad_forward():
+        with torch.no_grad():
+            op(*ts)
+
+    serve(version, {"fwd": lambda _: no_grad_forward(), "fwdbwd": lambda _: forward_backward(),
+                    "save": lambda path: torch.save([forward_backward().detach()] + [t.grad for t in ts], path)})
 
 
 if __name__ == "__main__":
