@@ -23,6 +23,8 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 # --dist loadscope: a test class (an op's suite) or module stays on one worker, with its fixtures.
 pytest=(.venv/bin/python -m pytest -q -n auto --dist loadscope)
 if [ "$what" != environments ]; then
+  echo "[opbridge] building the C++ tests (not part of the set-up's build)"
+  cmake --build build --target opbridge_tests -j "${OPBRIDGE_JOBS:-$(nproc)}"
   echo "[opbridge] C++ tests (ctest)"
   ctest --test-dir build --output-on-failure -j "$(nproc)"
   echo "[opbridge] Python tests (pytest)"
