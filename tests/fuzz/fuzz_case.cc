@@ -759,6 +759,14 @@ const OpSpec* forward_of(const OpSpec& op) {
   return nullptr;
 }
 
+// The position of the spec named `name` in `specs` (inputs or outputs), SIZE_MAX when none is.
+template <typename Spec>
+size_t index_of(const std::vector<Spec>& specs, const std::string& name) {
+  for (size_t k = 0; k < specs.size(); ++k)
+    if (specs[k].name == name) return k;
+  return SIZE_MAX;
+}
+
 InputCase input_of(const testing::Tensor& t) {
   InputCase c;
   c.onnx_type = onnx_type_of(t.view.dtype);
@@ -827,23 +835,17 @@ std::optional<Case> from_forward(const OpSpec& bwd, const OpSpec& fwd, uint64_t 
     c.op = &bwd;
     c.from_forward = true;
     for (const InputSpec& i : bwd.inputs) {
-      auto named = [&](const auto& list) {
-        return std::find_if(list.begin(), list.end(), [&](const auto& x) { return x.name == i.name; }) - list.begin();
-      };
-      const size_t k_in = static_cast<size_t>(named(fwd.inputs)), k_out = static_cast<size_t>(named(fwd.outputs));
-      const std::string graded = i.name.rfind("grad_", 0) == 0 ? i.name.substr(5) : "";
-      const size_t k_grad = static_cast<size_t>(std::find_if(fwd.outputs.begin(), fwd.outputs.end(),
-                                                             [&](const OutputSpec& o) { return o.name == graded; }) -
-                                                fwd.outputs.begin());
-      if (k_grad < fwd.outputs.size()) {
+      const size_t k_in = index_of(fwd.inputs, i.name), k_out = index_of(fwd.outputs, i.name);
+      const size_t k_grad = i.name.rfind("grad_", 0) == 0 ? index_of(fwd.outputs, i.name.substr(5)) : SIZE_MAX;
+      if (k_grad != SIZE_MAX) {
         InputCase g;
         g.onnx_type = onnx_type_of(out[k_grad].view.dtype);
         g.shape = out[k_grad].view.shape;
         fill_gradient(g, r);
         c.inputs.push_back(std::move(g));
-      } else if (k_in < fwd.inputs.size()) {
+      } else if (k_in != SIZE_MAX) {
         c.inputs.push_back(copy_of(f.inputs[k_in]));
-      } else if (k_out < fwd.outputs.size()) {
+      } else if (k_out != SIZE_MAX) {
         c.inputs.push_back(input_of(out[k_out]));
       } else {
         return std::nullopt;  // an input the forward's call does not give: the generator's cases only

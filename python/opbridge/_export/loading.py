@@ -44,17 +44,10 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
     ort_path = Path(ort_path).resolve() if ort_path else None
     torch.ops.load_library(str(torch_path))
     lib = files.read_manifest(torch_path, torch_path, ort_path)
-    for other in registry.libraries():
-        if ort_path is not None and other.ort_path == ort_path:
-            continue  # this library, known so far from its ONNX Runtime side
-        # ONNX Runtime takes one custom-op domain once per session: two libraries in one domain
-        # would make every session fail. A library owns its domain and those its ops name.
-        shared = sorted(lib.domains & other.domains)
-        if shared:
-            raise OpbridgeError(
-                f"{torch_path.name}: ONNX domain '{shared[0]}' is already used by op library "
-                f"'{other.name}' ({other.torch_path or other.ort_path}); give each op library its own ONNX_DOMAIN"
-            )
+    # This library may be known so far from its ONNX Runtime side.
+    taken = domain_in_use(lib.domains, lambda other: ort_path is not None and other.ort_path == ort_path)
+    if taken:
+        raise OpbridgeError(f"{torch_path.name}: {taken}; give each op library its own ONNX_DOMAIN")
     check_library_rules(lib)
     register_fakes(lib)
     register_autograd(lib)
@@ -62,6 +55,19 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
     register_torchscript_symbolics(lib)
     registry.add(lib)
     return lib
+
+
+def domain_in_use(domains: set[str], is_self) -> str | None:
+    """Which of `domains` a loaded library other than the one `is_self(library)` names already owns,
+    said as "ONNX domain 'd' is already used by op library 'x' (path)", or None. ONNX Runtime takes
+    one custom-op domain once per session: two libraries in one domain would make every session
+    fail, so a library owns its domain and those its ops name."""
+    for other in registry.libraries():
+        shared = sorted(domains & other.domains)
+        if shared and not is_self(other):
+            return (f"ONNX domain '{shared[0]}' is already used by op library '{other.name}' "
+                    f"({other.torch_path or other.ort_path})")
+    return None
 
 
 def _check_torch(info: dict) -> None:

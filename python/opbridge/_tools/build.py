@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .._export.loading import load_library
+from .._export.loading import domain_in_use, load_library
 from .._library.errors import OpbridgeError
 from .._library.files import JIT_DONE, build_info, cache_root, cmake_prefix_path, jit_entry_problem, manifest_symbol
 from .._library.manifest import Library, from_json
@@ -162,18 +162,16 @@ def _dispatcher_namespaces() -> dict[str, str]:
 
 
 def _check_loaded(name: str, ns: str, domain: str, torch_path: Path) -> None:
-    """A process holds one version of a namespace, and one library per ONNX domain."""
+    """A process holds one version of a namespace, and one library per ONNX domain: checked before
+    building (load_library checks the domain again, from the built library's manifest)."""
     for lib in libraries():
-        if lib.torch_path == torch_path:
-            continue
-        if lib.torch_namespace == ns:
+        if lib.torch_namespace == ns and lib.torch_path != torch_path:
             raise OpbridgeError(f"op library '{name}': torch namespace '{ns}' is already loaded from {lib.torch_path}; "
                                 "a process holds one version of a namespace: give the new source another name or "
                                 "namespace, or start a new process")
-        if domain in lib.domains:
-            raise OpbridgeError(f"op library '{name}': ONNX domain '{domain}' is already used by op library "
-                                f"'{lib.name}' ({lib.torch_path or lib.ort_path}); give each op library its own "
-                                "onnx_domain")
+    taken = domain_in_use({domain}, lambda lib: lib.torch_path == torch_path)
+    if taken:
+        raise OpbridgeError(f"op library '{name}': {taken}; give each op library its own onnx_domain")
 
 
 def _compiler() -> str:
