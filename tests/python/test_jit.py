@@ -117,6 +117,15 @@ def test_second_load_in_a_new_process_hits_the_cache(lib, cache):
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
+def test_a_relative_build_directory_is_taken_from_the_working_directory(tmp_path):
+    # The generated CMake project names its sources by path: a relative folder reached CMake as
+    # written and resolved against the project's own folder ("Cannot find source file").
+    r = subprocess.run([sys.executable, "-c", LOAD, "rel"], input=SOURCE, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert Path(r.stdout.strip()).parent.parent == tmp_path / "rel"
+
+
 def test_another_source_under_a_loaded_namespace_is_refused(lib, cache):
     with pytest.raises(opbridge.OpbridgeError, match="torch namespace 'jitdemo' is already loaded from .*; a process "
                                                      "holds one version of a namespace"):

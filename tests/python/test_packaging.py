@@ -1,30 +1,48 @@
-"""The pip route: `pip wheel --no-build-isolation .` builds the C++ with the project's own CMake
-(scikit-build-core) into a wheel with a platform tag, every library stored once, the torch version
-it was built against recorded and checked at import, and the licences. Installed into a fresh
-virtual environment that has only torch, outside the source tree, the package, `opbridge`,
-`opbridge-run`, export and ONNX Runtime sessions work.
+"""The pip route, against each torch a user may have: scripts/wheel.sh builds the wheel with
+`pip wheel --no-build-isolation .` (the C++ through the project's own CMake, scikit-build-core)
+and repairs it with auditwheel, which tags it with the lowest manylinux policy that holds. The
+wheel has every library stored once, the torch version it was built against recorded and checked
+at import, and the licences. Installed into a fresh virtual environment that has only torch,
+outside the source tree, the package, `opbridge`, `opbridge-run`, export, ONNX Runtime sessions
+and load_inline work.
 
-The wheel's CMake tree is build-wheel/ in the repository (kept between runs, so a rerun only
-rebuilds what changed); the fresh environment is made per run."""
+Two torch builds: 2.13.0 (the CPU build, this environment's) and 2.14.1 (the CUDA build pip
+installs by default, run on the CPU, with no CUDA toolkit on the machine; its headers need C++20).
+2.14.1 lives in a cached environment (tests/python/envs.py) that also builds its wheel, as a user
+with that torch would; its fresh environment sees that torch through a .pth file.
+The wheels' CMake trees are build-wheel*/ in the repository (kept between runs)."""
 
 import hashlib
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import venv
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from elftools.elf.dynamic import DynamicSection
+from elftools.elf.elffile import ELFFile
 
 import opbridge
+
+from envs import python_with
 
 pytestmark = pytest.mark.environments  # scripts/test.sh --environments
 
 ROOT = Path(__file__).resolve().parents[2]
+THIS_TORCH = torch.__version__.split("+")[0]
+# Another torch: built and installed from a cached environment.
+OTHER_TORCHES = {"2.14.1": ["torch==2.14.1", "torchvision==0.29.1", "scikit-build-core==1.1.2"]}
+# What a manylinux wheel may name (the policies' system libraries) besides its own files.
+SYSTEM_LIBRARIES = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2",
+                    "libpthread.so.0", "libdl.so.2", "librt.so.1"}
 
 
 def run(cmd, **kw):
@@ -33,49 +51,87 @@ def run(cmd, **kw):
     return r
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
+@dataclass
+class Build:
+    torch: str  # the version built against
+    python: Path  # the Python that built it (its torch)
+    wheel: Path
+
+
+@pytest.fixture(scope="module", params=[THIS_TORCH, *OTHER_TORCHES])
+def build(request, tmp_path_factory):
+    version = request.param
+    python = Path(sys.executable) if version == THIS_TORCH else python_with(f"torch-{version}",
+                                                                              OTHER_TORCHES[version])
+    build_dir = ROOT / ("build-wheel" if version == THIS_TORCH else f"build-wheel-torch-{version}")
     out = tmp_path_factory.mktemp("wheelhouse")
-    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", out, ROOT,
-         f"-Cbuild-dir={ROOT / 'build-wheel'}"])
+    env = {**os.environ, "PYTHON": str(python), "OPBRIDGE_WHEEL_BUILD_DIR": str(build_dir)}
+    run([ROOT / "scripts" / "wheel.sh", "-o", out], env=env)
     (path,) = out.glob("*.whl")
-    print(f"\nwheel {path.name}: {path.stat().st_size / 2**20:.1f} MiB")
-    return path
+    print(f"\nwheel {path.name} (torch {version}): {path.stat().st_size / 2**20:.1f} MiB")
+    return Build(version, python, path)
 
 
-def test_wheel_name_says_platform_not_python_abi(wheel):
-    # The binaries load no Python API (py3-none) but are x86-64 Linux code (not "any").
-    assert wheel.name == f"opbridge-{opbridge.__version__}-py3-none-linux_x86_64.whl"
+def test_wheel_is_manylinux_and_auditwheel_agrees(build):
+    # The binaries load no Python API (py3-none); the platform is a manylinux policy, the lowest
+    # that holds, which `auditwheel show` (an independent reading of the same files) confirms.
+    m = re.fullmatch(rf"opbridge-{re.escape(opbridge.__version__)}-py3-none-(manylinux_2_(\d+)_x86_64)\.whl",
+                     build.wheel.name)
+    assert m, build.wheel.name
+    r = run([ROOT / ".venv" / "bin" / "auditwheel", "show", build.wheel])
+    assert f'consistent with the following platform tag: "{m.group(1)}"' in " ".join(r.stdout.split()), r.stdout
+    # The floor docs/serving.md and the README state: glibc 2.34 (a build on Debian 12).
+    assert int(m.group(2)) <= 34
 
 
-def test_wheel_stores_every_library_once(wheel):
-    with zipfile.ZipFile(wheel) as z:
+def test_binaries_name_only_system_libraries(build):
+    # No libtorch_cpu / libc10 / libgomp: torch's libraries come from the process that loads the
+    # PyTorch library; libonnxruntime.so.1 is the wheel's own, found through RUNPATH.
+    with zipfile.ZipFile(build.wheel) as z:
+        for name in z.namelist():
+            data = z.read(name)
+            if not data.startswith(b"\x7fELF"):
+                continue
+            elf = ELFFile(io.BytesIO(data))
+            dyn = next((s for s in elf.iter_sections() if isinstance(s, DynamicSection)), None)
+            needed = {t.needed for t in dyn.iter_tags() if t.entry.d_tag == "DT_NEEDED"} if dyn else set()
+            assert needed <= SYSTEM_LIBRARIES | {"libonnxruntime.so.1"}, (name, needed - SYSTEM_LIBRARIES)
+
+
+def test_wheel_stores_every_library_once(build):
+    with zipfile.ZipFile(build.wheel) as z:
         names = z.namelist()
         big = [n for n in names if z.getinfo(n).file_size > 1 << 20]
         digests = [hashlib.sha256(z.read(n)).hexdigest() for n in big]
         info = json.loads(z.read("opbridge/_sdk/build_info.json"))
     assert len(digests) == len(set(digests)), f"stored twice: {big}"
     assert [n for n in names if "libonnxruntime" in n] == ["opbridge/_sdk/lib/libonnxruntime.so.1"]
+    assert not [n for n in names if n.startswith("opbridge.libs/")], "auditwheel grafted a library"
     for lib in ("lib/libopbridge_torch.so", "lib/libopbridge_ort.so", "bin/opbridge-run",
-                "lib/cmake/opbridge/opbridgeConfig.cmake", "include/onnxruntime/onnxruntime_c_api.h"):
+                "lib/cmake/opbridge/opbridgeConfig.cmake", "lib/cmake/opbridge/OpBridgeTorch.cmake",
+                "include/onnxruntime/onnxruntime_c_api.h"):
         assert f"opbridge/_sdk/{lib}" in names
-    assert info["torch"] == torch.__version__.split("+")[0] and info["opbridge"] == opbridge.__version__
+    assert info["torch"] == build.torch and info["opbridge"] == opbridge.__version__
     licences = {Path(n).name for n in names if "/licenses/" in n}
     assert {"LICENSE", "ONNXRuntime-LICENSE.txt", "Eigen-MPL-2.0.txt", "CLI11.txt", "nlohmann-json.txt"} <= licences
     assert not [n for n in names if n.startswith("opbridge/_sdk/") and "__pycache__" in n]
 
 
 @pytest.fixture(scope="module")
-def fresh_env(wheel, tmp_path_factory):
+def fresh_env(build, tmp_path_factory):
     """A new virtual environment: torch first (as a user has it), then the wheel, whose
     dependencies pip resolves with the project's pins as constraints."""
     env_dir = tmp_path_factory.mktemp("fresh") / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    pip = [py, "-m", "pip", "install", "-q"]
-    run([*pip, f"torch=={torch.__version__.split('+')[0]}"])
-    run([*pip, wheel, "-c", ROOT / "requirements.txt"])
-    site = Path(run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"]).stdout.strip())
+    site = Path(run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+    pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    if build.torch == THIS_TORCH:
+        run([*pip, f"torch=={build.torch}"])
+    else:  # the cached environment's torch (5 GB), seen through a .pth rather than installed again
+        base = run([build.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+        (site / "_torch_base.pth").write_text(base + "\n")
+    run([*pip, build.wheel, "-c", ROOT / "requirements.txt"])
     size = sum(f.stat().st_size for f in (site / "opbridge").rglob("*") if f.is_file())
     print(f"\ninstalled opbridge: {size / 2**20:.1f} MiB in {site / 'opbridge'}")
     return env_dir
@@ -87,11 +143,11 @@ def in_env(env_dir, cmd, cwd, **kw):
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, env=env, **kw)
 
 
-def test_commands_report_versions(fresh_env, tmp_path):
+def test_commands_report_versions(build, fresh_env, tmp_path):
     r = in_env(fresh_env, ["opbridge", "--version"], tmp_path)
     assert r.returncode == 0, r.stderr
     info = opbridge.build_info()
-    assert r.stdout.strip() == (f"opbridge {opbridge.__version__} (built with torch {info['torch']}, "
+    assert r.stdout.strip() == (f"opbridge {opbridge.__version__} (built with torch {build.torch}, "
                                 f"ONNX Runtime SDK {info['onnxruntime_sdk']})")
     r = in_env(fresh_env, ["opbridge-run", "--version"], tmp_path)
     assert r.returncode == 0, r.stderr
@@ -128,6 +184,39 @@ def test_export_session_and_inspect_outside_the_source_tree(fresh_env, tmp_path)
     assert "OK: onnxruntime" in r.stdout and "MISSING" not in r.stdout
     r = in_env(fresh_env, ["opbridge-run", "block_dynamo.onnx", "--random", "--repeat", "1"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_load_inline_builds_against_the_installed_torch(fresh_env, tmp_path):
+    # The installed CMake package finds this environment's torch headers (C++20 ones for 2.14)
+    # without a CUDA toolkit, and the op runs eagerly, and in ONNX Runtime.
+    script = textwrap.dedent(r'''
+        import numpy as np, torch, opbridge
+        lib = opbridge.load_inline("twice", """
+        #include <opbridge/op.h>
+        namespace twice_ops {
+        using namespace opbridge;
+        void twice_kernel(KernelContext& ctx, const TensorView& x, TensorView& y) {
+          const float* a = x.data_as<float>();
+          float* b = y.data_as<float>();
+          for (int64_t i = 0; i < x.numel(); ++i) b[i] = 2 * a[i];
+        }
+        OPBRIDGE_OP(twice).doc("2x.").types("T", {DType::Float32}).input("x", "T", "x")
+            .output("y", "T", shape::same({"x"}), "2x").cpu(twice_kernel);
+        }
+        """, build_directory="jit")
+        x = torch.randn(7)
+        np.testing.assert_array_equal(torch.ops.twice.twice(x).numpy(), 2 * x.numpy())
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return torch.ops.twice.twice(x)
+        opbridge.export(M(), (x,), "twice.onnx", input_names=["x"])
+        (y,) = opbridge.session("twice.onnx").run(None, {"x": x.numpy()})
+        np.testing.assert_array_equal(y, 2 * x.numpy())
+        print("ok")
+    ''')
+    (tmp_path / "jit.py").write_text(script)
+    r = in_env(fresh_env, [fresh_env / "bin" / "python", "jit.py"], tmp_path)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
 
 
 def test_another_torch_is_refused_at_import(tmp_path):

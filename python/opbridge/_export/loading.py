@@ -5,6 +5,8 @@ alone (PyTorch deferred) is completed in place."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 from pathlib import Path
 
@@ -42,7 +44,11 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
         if problem:
             raise OpbridgeError(f"ort_path: {problem}")
     ort_path = Path(ort_path).resolve() if ort_path else None
-    torch.ops.load_library(str(torch_path))
+    _expose_torch_symbols()
+    try:
+        torch.ops.load_library(str(torch_path))
+    except OSError as e:
+        raise OpbridgeError(f"{torch_path.name} could not be loaded into this torch {torch.__version__}: {e}") from None
     lib = files.read_manifest(torch_path, torch_path, ort_path)
     # This library may be known so far from its ONNX Runtime side.
     taken = domain_in_use(lib.domains, lambda other: ort_path is not None and other.ort_path == ort_path)
@@ -55,6 +61,20 @@ def load_library(torch_path: str | os.PathLike, ort_path: str | os.PathLike | No
     register_torchscript_symbolics(lib)
     registry.add(lib)
     return lib
+
+
+@functools.cache
+def _expose_torch_symbols() -> None:
+    """An op library's PyTorch side links no torch library (cmake/OpBridgeTorch.cmake says why):
+    its references to libtorch_cpu and libc10 bind to the torch this process imported. torch
+    loads them privately (RTLD_LOCAL), so they are made global here; RTLD_NOLOAD reopens the
+    loaded copy by its soname and never loads another. Its dependencies (libc10, the OpenMP
+    runtime) become global with it."""
+    try:
+        ctypes.CDLL("libtorch_cpu.so", mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+    except OSError as e:
+        raise OpbridgeError(f"cannot reach the loaded torch's libtorch_cpu.so to load op libraries ({e}): this "
+                            f"torch ({torch.__file__}) is not a build opbridge knows") from None
 
 
 def domain_in_use(domains: set[str], is_self) -> str | None:

@@ -160,7 +160,7 @@ def cache_root() -> Path:
     $XDG_CACHE_HOME/opbridge/jit (default ~/.cache/opbridge/jit). Deleting it clears the cache."""
     env = os.environ.get("OPBRIDGE_JIT_DIR")
     if env:
-        return Path(env)
+        return Path(env).absolute()  # the build names its sources by absolute path
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opbridge" / "jit"
 
 

@@ -107,7 +107,8 @@ def _load(name, files, torch_namespace, onnx_domain, options: _Options, build_di
     _check_names(name, ns, domain)
     compiler = _compiler()
     key = _key(name, ns, domain, options, files, compiler)
-    root = Path(build_directory) if build_directory is not None else cache_root()
+    # Absolute: the generated CMake project names its sources by path, from its own folder.
+    root = Path(build_directory).absolute() if build_directory is not None else cache_root()
     entry = root / f"{name}-{key[:16]}"
     torch_path = entry / f"lib{name}_torch.so"
     _check_loaded(name, ns, domain, torch_path.resolve())
