@@ -87,9 +87,23 @@ void prepare_call(const OpSpec& op, const std::vector<const TensorView*>& inputs
     call.input_dtypes.push_back(t ? std::optional<DType>(t->dtype) : std::nullopt);
     call.input_shapes.push_back(t ? &t->shape : nullptr);
   }
+  if (call.last_op == &op && call.input_dtypes == call.last_dtypes && attrs == call.last_attrs) {
+    bool same = true;
+    for (size_t i = 0; same && i < inputs.size(); ++i) same = !inputs[i] || inputs[i]->shape == call.last_shapes[i];
+    if (same) return;  // output_dtypes and output_shapes still hold the last call's
+  }
+  call.last_op = nullptr;  // until this call's rules have passed
   resolve_types(op, call.input_dtypes, call.resolved);
   output_dtypes(op, call.resolved, call.output_dtypes);
   ShapeInference<int64_t>(op, call.input_shapes, attrs).run(call.output_shapes);
+  call.last_dtypes = call.input_dtypes;
+  call.last_shapes.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i]) call.last_shapes[i] = inputs[i]->shape;
+    else call.last_shapes[i].clear();
+  }
+  call.last_attrs = attrs;
+  call.last_op = &op;
 }
 
 }  // namespace opbridge

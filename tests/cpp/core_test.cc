@@ -396,6 +396,44 @@ TEST(Checks, InequalitiesOnAttributesAndDims) {
 
 namespace opbridge {
 namespace {
+// A reused PreparedCall skips the rules only for the key it last passed with: the same op, input
+// dtypes and shapes and attributes; anything else runs them (and their checks) again.
+TEST(PreparedCall, ReusesTheLastResultOnlyForTheSameKey) {
+  OpSpec op = spec_of(OpBuilder("keyed").doc("d").types("T", {DType::Float32, DType::Float64}).input("a", "T", "", 1)
+                          .int_attr("k", "").check(dim("a", 0) > attr("k"), "a needs more than k rows")
+                          .output("y", "T", shape::dims({dim("a", 0) * attr("k")}), "").cpu(with_k_kernel));
+  OpSpec other = spec_of(OpBuilder("other").doc("d").types("T", {DType::Float32, DType::Float64}).input("a", "T", "", 1)
+                             .int_attr("k", "").output("y", "T", shape::dims({dim("a", 0) + attr("k")}), "")
+                             .cpu(with_k_kernel));
+  std::vector<float> f(8);
+  std::vector<double> d(8);
+  TensorView a3{f.data(), DType::Float32, {3}, {1}}, a5{f.data(), DType::Float32, {5}, {1}};
+  TensorView d3{d.data(), DType::Float64, {3}, {1}};
+  std::vector<AttrValue> k2{AttrValue{int64_t{2}}}, k4{AttrValue{int64_t{4}}};
+  PreparedCall call;
+  auto shape_of = [&](const OpSpec& o, const TensorView& a, const std::vector<AttrValue>& attrs) {
+    prepare_call(o, {&a}, attrs, call);
+    return call.output_shapes.at(0);
+  };
+  EXPECT_EQ(shape_of(op, a3, k2), (Shape{6}));
+  EXPECT_EQ(shape_of(op, a3, k2), (Shape{6}));
+  EXPECT_EQ(shape_of(op, a5, k2), (Shape{10}));       // another shape
+  EXPECT_EQ(shape_of(op, a5, k4), (Shape{20}));       // another attribute
+  EXPECT_EQ(shape_of(other, a5, k4), (Shape{9}));     // another op
+  EXPECT_EQ(shape_of(op, d3, k2), (Shape{6}));
+  EXPECT_EQ(call.output_dtypes.at(0), DType::Float64);  // another dtype
+  EXPECT_EQ(shape_of(op, a3, k2), (Shape{6}));
+  EXPECT_EQ(call.output_dtypes.at(0), DType::Float32);
+  // A call that fails its check is never remembered: the same call fails again.
+  EXPECT_NE(error_of([&] { shape_of(op, a3, k4); }).find("a needs more than k rows"), std::string::npos);
+  EXPECT_NE(error_of([&] { shape_of(op, a3, k4); }).find("a needs more than k rows"), std::string::npos);
+  EXPECT_EQ(shape_of(op, a3, k2), (Shape{6}));
+}
+}  // namespace
+}  // namespace opbridge
+
+namespace opbridge {
+namespace {
 TEST(ExportRules, InputWhenAppliesToTheDefaultInputsAndNamesARealOne) {
   OpSpec op = spec_of(OpBuilder("w").doc("d").types("T", {DType::Float32}).input("a", "T", "").optional_input("b", "T", "")
                           .bool_attr("flag", false, "").output("y", "T", shape::same({"a"}), "").cpu(unary_kernel)

@@ -30,6 +30,14 @@ struct PreparedCall {
   std::vector<std::optional<DType>> input_dtypes;
   std::vector<const Shape*> input_shapes;
   std::vector<DType> resolved;
+  // The key of the last call that passed: a call of the same op with the same input dtypes,
+  // shapes and attributes has that call's output dtypes and shapes, so the rules are not run
+  // again. ONNX Runtime runs a node (and a chain of like nodes) with the same shapes run after
+  // run: for a small op the rules were a fifth of the adapter's per-call work.
+  const OpSpec* last_op = nullptr;
+  std::vector<std::optional<DType>> last_dtypes;
+  std::vector<Shape> last_shapes;  // an absent input's is empty (its dtype says it is absent)
+  std::vector<AttrValue> last_attrs;
 };
 
 // inputs[i] is nullptr for an absent optional input. Throws Error (without the op's name).
