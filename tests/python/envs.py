@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -18,6 +19,18 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pinned(package: str) -> str:
+    """The version requirements.txt pins `package` to."""
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        m = re.match(rf"{package}==([\w.]+)", line.strip())
+        if m:
+            return m.group(1)
+    raise AssertionError(f"requirements.txt pins no {package}")
 
 
 def envs_dir() -> Path:
@@ -56,7 +69,8 @@ def python_with(name: str, requirements: list[str], *, on_top: bool = False) -> 
     if (home / "ready").is_file() and (home / "ready").read_text() == wanted:
         return python
     url = index_url()
-    project = requirements[0].split("=")[0].split("<")[0].split(">")[0]
+    # The project's name alone: no extras ("ray[serve]") or version specifier.
+    project = re.split(r"[\[<>=!~;\s]", requirements[0], maxsplit=1)[0]
     why = unreachable(url, project)
     if why:
         pytest.skip(f"the package index {url} is unreachable ({why}): cannot make an environment with "
@@ -79,6 +93,11 @@ def python_with(name: str, requirements: list[str], *, on_top: bool = False) -> 
     r = subprocess.run([str(tmp / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q",
                         *pins, *requirements], capture_output=True, text=True)
     assert r.returncode == 0, f"pip could not install {' '.join(requirements)}:\n{r.stdout}{r.stderr}"
+    # venv writes its folder into bin/ (the activate scripts, entry points' #! lines): name the final
+    # one, which Triton's python backend sources (EXECUTION_ENV_PATH/bin/activate).
+    for script in (tmp / "bin").iterdir():
+        if script.is_file() and not script.is_symlink() and str(tmp).encode() in script.read_bytes():
+            script.write_bytes(script.read_bytes().replace(str(tmp).encode(), str(home).encode()))
     (tmp / "ready").write_text(wanted)
     shutil.rmtree(home, ignore_errors=True)
     tmp.rename(home)

@@ -35,19 +35,11 @@ import demo  # noqa: E402  (examples/demo.py)
 pytestmark = pytest.mark.environments  # scripts/test.sh --environments
 
 
-def _pinned(package: str) -> str:
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
-        m = re.match(rf"{package}==([\w.]+)", line.strip())
-        if m:
-            return m.group(1)
-    raise AssertionError(f"requirements.txt pins no {package}")
-
-
-PINNED = _pinned("onnxruntime")
+PINNED = envs.pinned("onnxruntime")
 # The floor (the adapter's oldest C API), two releases Triton images carry, and the pinned one.
 # onnxruntime wheels before 1.19 were built against numpy 1.
-RUNTIMES = {"1.17.3": "numpy<2", "1.20.1": "numpy==" + _pinned("numpy"), "1.22.1": "numpy==" + _pinned("numpy"),
-            PINNED: "numpy==" + _pinned("numpy")}
+NUMPY = "numpy==" + envs.pinned("numpy")
+RUNTIMES = {"1.17.3": "numpy<2", "1.20.1": NUMPY, "1.22.1": NUMPY, PINNED: NUMPY}
 # ai.onnx DeformConv has a CPU kernel from ONNX Runtime 1.25.0 on (1.24.4 has none); for older
 # runtimes a model is exported with custom_nodes=True (opbridge's own DeformConv2d node) or below
 # opset 19.

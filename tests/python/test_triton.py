@@ -359,3 +359,61 @@ def test_a_repository_that_is_a_file_is_refused_and_left_alone(models, tmp_path,
     code, _, err = triton(capsys, models["demo_dynamo"], "--repository", tmp_path / "repo")
     assert code in (1, 2) and "repo" in err and "not a folder" in err and "Traceback" not in err
     assert (tmp_path / "repo").read_text() == "not a folder"
+
+
+# ---- --backend python -------------------------------------------------------------------------
+def test_python_backend_writes_the_same_plan_with_a_model_py(pb, models, tmp_path, capsys):
+    """The same tensors, batching, instances and copied library as the ONNX Runtime backend's
+    folder, with backend "python", 1/model.py and the library named by file in op_libraries (the
+    real server runs it in tests/python/test_triton_server.py)."""
+    path = models["demo_dynamo"]
+    code, out, _ = triton(capsys, path, "--repository", tmp_path, "--backend", "python", "--python-env",
+                          "/opt/envs/ort", "--instances", 2)
+    assert code == 0 and "backend python, max_batch_size 4, dynamic batching, 2 instances" in out
+    folder = tmp_path / path.stem
+    cfg = parse(pb, folder)
+    assert cfg.backend == "python" and cfg.platform == "" and not cfg.HasField("model_operations")
+    assert cfg.max_batch_size == 4 and cfg.HasField("dynamic_batching")
+    assert [(g.count, g.kind) for g in cfg.instance_group] == [(2, pb.ModelInstanceGroup.KIND_CPU)]
+    check_tensors(pb, cfg, path, batching=True)
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    assert params == {"op_libraries": opbridge.builtin.ort_path.name, "EXECUTION_ENV_PATH": "/opt/envs/ort"}
+    assert filecmp.cmp(folder / opbridge.builtin.ort_path.name, opbridge.builtin.ort_path, shallow=False)
+    model_py = Path(opbridge.__file__).parent / "_tools" / "triton_model.py"
+    assert (folder / "1" / "model.py").read_bytes() == model_py.read_bytes()
+    assert (folder / "1" / "model.onnx").read_bytes() == path.read_bytes()
+    # The library's folder is found from model.py at run time: no path of this machine is written.
+    assert str(tmp_path) not in (folder / "config.pbtxt").read_text()
+    code, out, _ = triton(capsys, path, "--repository", tmp_path, "--backend", "python", "--python-env",
+                          "/opt/envs/ort", "--instances", 2)
+    assert code == 0 and "is up to date" in out
+
+
+def test_python_backend_without_an_environment_or_a_library(pb, tmp_path, capsys):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 2])
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                                opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "relu.onnx")
+    code, out, _ = triton(capsys, tmp_path / "relu.onnx", "--repository", tmp_path / "repo", "--backend", "python")
+    assert code == 0 and "EXECUTION_ENV_PATH   (not set" in out
+    cfg = parse(pb, tmp_path / "repo" / "relu")
+    assert cfg.backend == "python" and dict(cfg.parameters) == {}
+    assert sorted(p.name for p in (tmp_path / "repo" / "relu").iterdir()) == ["1", "config.pbtxt"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--python-env", "/opt/envs/ort"], "--python-env is for --backend python"),
+    (["--backend", "python", "--python-env", "envs/ort"], "--python-env envs/ort: give an absolute path"),
+    (["--backend", "python", "--server-repository", "/models"], "--server-repository is for the onnxruntime backend"),
+])
+def test_backend_options_that_do_not_fit_are_refused(models, tmp_path, capsys, args, message):
+    code, _, err = triton(capsys, models["demo_dynamo"], "--repository", tmp_path / "repo", *args)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "repo").exists()
+
+
+def test_python_env_in_the_model_folder(pb, models, tmp_path, capsys):
+    env = "$$TRITON_MODEL_DIRECTORY/ort.tar.gz"  # the python backend's name for the model's folder
+    assert triton(capsys, models["demo_dynamo"], "--repository", tmp_path, "--backend", "python",
+                  "--python-env", env)[0] == 0
+    assert parse(pb, tmp_path / "demo_dynamo").parameters["EXECUTION_ENV_PATH"].string_value == env

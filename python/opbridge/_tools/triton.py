@@ -12,6 +12,10 @@ loads the model (data types exactly, output dims exactly, -1 for a dynamic axis)
 The backend hands each op_library_filename to ONNX Runtime's RegisterCustomOpsLibrary as
 written, and ONNX Runtime dlopens it: a relative path would resolve against the server's working
 directory, not the model's folder. The path is therefore written absolute, as the server sees it.
+
+The python backend (backend "python") gets the same folder from the same plan, plus
+REPOSITORY/NAME/1/model.py (triton_model.py, copied), which runs the model with ONNX Runtime and
+registers the op libraries that the op_libraries parameter names, found beside config.pbtxt.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import onnx
 
 from .._runtime import inspect as I
 
-PLATFORM = "onnxruntime_onnx"
+PLATFORM = "onnxruntime_onnx"  # the ONNX Runtime backend
+PYTHON_MODEL = Path(__file__).with_name("triton_model.py")  # the python backend's 1/model.py
 DEFAULT_MAX_BATCH_SIZE = 4  # the ONNX Runtime backend's own default-max-batch-size
 VERSION = "1"
 MODEL_FILE = "model.onnx"  # the backend's default model file name
@@ -84,15 +89,19 @@ class Plan:
     outputs: list[Tensor]
     instances: int
     libraries: list[OpLibrary]
-    served_dir: PurePosixPath  # the model's folder as the server sees it
+    served_dir: PurePosixPath | None  # the model's folder as the server sees it (the ONNX Runtime backend's)
     external: list[str]  # external-data files, relative to the model file's folder
+    backend: str = "onnxruntime"
+    python_env: str | None = None  # the python backend's EXECUTION_ENV_PATH
 
     def library_path(self, lib: OpLibrary) -> str:
         return str(self.served_dir / lib.path.name)
 
     def config_text(self) -> str:
+        python = self.backend == "python"
         lines = [f"# Triton model configuration written by `opbridge triton` from {self.model.name}",
-                 f"name: {_quote(self.name)}", f"platform: {_quote(PLATFORM)}",
+                 f"name: {_quote(self.name)}",
+                 f"backend: {_quote('python')}" if python else f"platform: {_quote(PLATFORM)}",
                  f"max_batch_size: {self.max_batch_size}"]
         for field, tensors in (("input", self.inputs), ("output", self.outputs)):
             if not tensors:
@@ -105,12 +114,22 @@ class Plan:
         if self.max_batch_size > 0:
             lines.append("dynamic_batching { }")
         lines += ["instance_group [", "  {", f"    count: {self.instances}", "    kind: KIND_CPU", "  }", "]"]
-        if self.libraries:
+        if self.libraries and python:
+            lines += ["# 1/model.py registers these op libraries (in this folder, ':'-separated) with ONNX Runtime.",
+                      *_parameter("op_libraries", ":".join(lib.path.name for lib in self.libraries))]
+        elif self.libraries:
             lines += ["# ONNX Runtime dlopens these paths as written: absolute, as the server sees them.",
                       "model_operations {"]
             lines += [f"  op_library_filename: {_quote(self.library_path(lib))}" for lib in self.libraries]
             lines.append("}")
+        if self.python_env:
+            lines += ["# The Python environment of the model's stubs (numpy, onnxruntime): a folder or an archive.",
+                      *_parameter("EXECUTION_ENV_PATH", self.python_env)]
         return "\n".join(lines) + "\n"
+
+
+def _parameter(key: str, value: str) -> list[str]:
+    return ["parameters {", f"  key: {_quote(key)}", f"  value: {{ string_value: {_quote(value)} }}", "}"]
 
 
 def _quote(s: str) -> str:
@@ -265,9 +284,12 @@ def tensor(kind: str, v, declared: dict[str, onnx.ValueInfoProto], batching: boo
 
 
 def plan(model_path: Path, model: onnx.ModelProto, report: I.ModelReport, sess, *, name: str | None,
-         max_batch_size: int | None, instances: int, served_repository: PurePosixPath) -> Plan:
+         max_batch_size: int | None, instances: int, served_repository: PurePosixPath | None,
+         backend: str = "onnxruntime", python_env: str | None = None) -> Plan:
     """Everything the model's folder will hold, checked; nothing is written yet. `sess` is an
-    ONNX Runtime session of the model (with the op libraries registered)."""
+    ONNX Runtime session of the model (with the op libraries registered). The ONNX Runtime
+    backend needs `served_repository` (its library paths are absolute); the python backend finds
+    the libraries beside its model.py and may name the stub's environment (`python_env`)."""
     problem = missing_problem(report)
     if problem:
         raise TritonError(problem)
@@ -287,11 +309,16 @@ def plan(model_path: Path, model: onnx.ModelProto, report: I.ModelReport, sess, 
                           f"dynamic on every input and output, but {why_not}; export it with a dynamic first "
                           "axis, or give --max-batch-size 0")
     tensors = [tensor(kind, v, declared, max_batch_size > 0) for kind, v in values]
+    libraries = op_libraries(report)
+    if backend == "python" and any(":" in lib.path.name for lib in libraries):
+        raise TritonError(f"op library file {next(lib.path for lib in libraries if ':' in lib.path.name)} has ':' in "
+                          "its name, which separates the python backend's op_libraries: rename it")
     return Plan(name=name, model=model_path, max_batch_size=max_batch_size,
                 inputs=[t for (kind, _), t in zip(values, tensors) if kind == "input"],
                 outputs=[t for (kind, _), t in zip(values, tensors) if kind == "output"],
-                instances=instances, libraries=op_libraries(report), served_dir=served_repository / name,
-                external=external_files(model, model_path))
+                instances=instances, libraries=libraries,
+                served_dir=served_repository / name if backend == "onnxruntime" else None,
+                external=external_files(model, model_path), backend=backend, python_env=python_env)
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -304,6 +331,8 @@ def _fill(p: Plan, folder: Path) -> None:
     for rel in p.external:
         (version / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(p.model.parent / rel, version / rel)
+    if p.backend == "python":
+        shutil.copyfile(PYTHON_MODEL, version / "model.py")
     for lib in p.libraries:
         shutil.copy(lib.path, folder / lib.path.name)
     (folder / CONFIG_FILE).write_text(p.config_text())

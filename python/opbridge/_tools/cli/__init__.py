@@ -8,6 +8,7 @@ ONNX Runtime against PyTorch (verify) and a Triton Inference Server model reposi
     opbridge export MODULE:FACTORY -o model.onnx --input x=4x8:float32 [--dynamic x:0:batch]
     opbridge verify MODEL.onnx --torch MODULE:FACTORY [--inputs FILE.npz | --input x=2x8:float32]
     opbridge triton MODEL.onnx --repository DIR [--name NAME] [--max-batch-size N] [--instances N]
+                    [--backend onnxruntime|python] [--python-env PATH]
 
 Errors are one line (`opbridge: error: ...`), exit status 2 for usage errors and 1 for failures;
 --verbose adds the traceback. Progress goes to stderr, results to stdout.
