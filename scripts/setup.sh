@@ -59,7 +59,6 @@ if [ ! -f build/build.ninja ] || [ "$cached_ort" != "$ort_root" ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$torch_prefix" \
     -DONNXRUNTIME_ROOT="$ort_root" \
-    -DPython3_EXECUTABLE="$root/$py" \
     -DCMAKE_INSTALL_PREFIX="$root/python/opbridge/_sdk" >/dev/null
 fi
 say "building (build/, $jobs jobs)"
