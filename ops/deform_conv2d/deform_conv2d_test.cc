@@ -420,11 +420,40 @@ void check_corners(const deform_conv2d_impl::Kernels<T>& kernels, const char* is
   }
 }
 
+// A variant's float corners bit for bit the baseline's (corner() itself), NaN for NaN: the
+// vector loops claim the same arithmetic step for step.
+void check_corners_match_baseline(const deform_conv2d_impl::Kernels<float>& kernels, const char* isa) {
+  const int64_t h = 5, w = 7, padded_w = w + 2, len = 45;  // whole vectors and a tail of each width
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> pos(-3, 9);
+  std::vector<float> at_y(len), at_x(len), dy(len), dx(len);
+  for (int64_t q = 0; q < len; ++q) {
+    at_y[q] = float(q % 5), at_x[q] = float(q % 7), dy[q] = pos(gen), dx[q] = pos(gen);
+    if (q % 11 == 3) dy[q] = nan;
+    if (q % 13 == 4) dx[q] = -1.0f - at_x[q];  // exactly on the edge: outside
+  }
+  using Row = std::vector<deform_conv2d_impl::Corner<float>>;
+  Row got(len), want(len);
+  kernels.corners({at_y.data(), at_x.data(), dy.data(), dx.data(), len, h, w, padded_w, got.data()});
+  deform_conv2d_impl::baseline_variant().f32.corners(
+      {at_y.data(), at_x.data(), dy.data(), dx.data(), len, h, w, padded_w, want.data()});
+  for (int64_t q = 0; q < len; ++q) {
+    EXPECT_EQ(got[q].pixel, want[q].pixel) << isa << " q=" << q;
+    for (int i = 0; i < 4; ++i) {
+      if (std::isnan(want[q].w[i]))
+        EXPECT_TRUE(std::isnan(got[q].w[i])) << isa << " q=" << q;
+      else
+        EXPECT_EQ(got[q].w[i], want[q].w[i]) << isa << " q=" << q << " i=" << i;
+    }
+  }
+}
+
 // One tile's samples for the hot-loop checks: 3 offset groups of kCog channels, the convolution
 // group [kBegin, kBegin + 2·kCog) (from 5: straddling all three); every sample's four neighbours
 // inside the 4x5 image; bilinear weights from random fractions (ly, lx). kCog 7 gives runs of
 // channels shorter than a vector, 37 runs of whole vectors and a remainder; kBegin = kCog with
-// kCog 16 or 32 a group of whole offset groups, runs of one to four vectors and nothing else.
+// kCog 16, 32 or 64 a group of whole offset groups, runs of one to eight vectors and nothing else.
 template <typename T, int64_t kCog = 7, int64_t kBegin = 5>
 struct TileSamples {
   static constexpr int64_t cog = kCog, c_in = 3 * cog, c_begin = kBegin, cg = 2 * cog, kk = 2, tile = 6, len = 5,
@@ -558,6 +587,7 @@ TEST(DeformConv2dVariants, EveryRunnableVariant) {
   for (const auto& v : runnable_variants()) {
     check_corners<float>(v.f32, v.isa);
     check_corners<double>(v.f64, v.isa);
+    check_corners_match_baseline(v.f32, v.isa);
     check_channels_last<float>(v.f32, v.isa);
     check_channels_last<double>(v.f64, v.isa);
     check_gemm<float>(v.f32, v.isa);
@@ -566,6 +596,7 @@ TEST(DeformConv2dVariants, EveryRunnableVariant) {
     check_columns<float, 37>(v.f32, v.isa);
     check_columns<float, 16, 16>(v.f32, v.isa);
     check_columns<float, 32, 32>(v.f32, v.isa);
+    check_columns<float, 64, 64>(v.f32, v.isa);
     check_columns<double, 7>(v.f64, v.isa);
     check_columns<double, 37>(v.f64, v.isa);
     check_backward_gemms<float>(v.f32, v.isa);
