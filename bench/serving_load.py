@@ -11,6 +11,7 @@ correctness only.
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
 import time
 from typing import Callable, Sequence
@@ -123,3 +124,15 @@ def row(name: str, figures: dict) -> str:
     f = figures
     return (f"{name:<30} {f['clients']:>7} {f['requests']:>8} {f['errors']:>6} {f['p50_ms']:>8.2f} "
             f"{f['p99_ms']:>8.2f} {f['throughput_rps']:>8.1f}")
+
+
+def free_ports(n: int) -> list[int]:
+    """n loopback ports free now (held together while chosen, so they differ) for a server to take."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -22,7 +22,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,12 +48,6 @@ def payloads() -> list[dict[str, np.ndarray]]:
 
 
 # ---- the server: examples/ray_serve.py --serve in a session of its own -----------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def session_members(sid: int) -> list[int]:
     """Pids in session `sid`. Ray's processes stay in their driver's session (its workers get
     process groups of their own)."""
@@ -103,7 +96,8 @@ class ServeProcess:
         self.log = self.workdir / "serve.log"
         self._log_file = open(self.log, "wb")
         self.proc = subprocess.Popen(
-            [self.python, str(EXAMPLE), "--serve", "--port", str(free_port()), "--out", str(self.workdir),
+            [self.python, str(EXAMPLE), "--serve", "--port", str(serving_load.free_ports(1)[0]),
+             "--out", str(self.workdir),
              "--requests", "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file, env=self.env,
             start_new_session=True)
         try:

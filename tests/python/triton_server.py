@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 import envs
+from serving_load import free_ports  # bench/serving_load.py, on the path the tests set
 
 TRITON = "2.51.0"  # the server nvidia-pytriton 0.7.0 bundles; the client of the same release
 SERVER_REQUIREMENTS = ["nvidia-pytriton==0.7.0", f"tritonclient[http,grpc]=={TRITON}"]
@@ -66,17 +66,6 @@ def server_tree(python: Path) -> Path:
         shutil.copy2(stub, tmp)
         tmp.rename(placed)
     return tree
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Server:
