@@ -36,6 +36,7 @@ __version__: str = build_info()["opbridge"]
 _API = {
     "._runtime.session": ("session", "session_options"),
     "._runtime.verify": ("OutputDiff", "VerifyReport", "verify"),
+    "._runtime.second_size": ("UnprovenWarning",),
     "._export.exporter": ("EXPORTERS", "export"),
     "._export.dynamo": ("translation_table",),
     "._export.functions": ("add_functions",),
@@ -107,6 +108,7 @@ __all__ = [
     "OpbridgeError",
     "OutputDiff",
     "Substitution",
+    "UnprovenWarning",
     "VerifyReport",
     "add_functions",
     "all_ops",

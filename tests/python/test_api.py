@@ -1,5 +1,7 @@
 """opbridge.export / session / verify, and the library loader: behaviour and error messages."""
 
+import warnings
+
 import numpy as np
 import onnx
 import onnxscript
@@ -67,7 +69,10 @@ class IgnoresScale(torch.nn.Module):
 @pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
 def test_verify_matches_inputs_by_name_and_lists_the_dropped_ones(exporter):
     a, scale, b = torch.randn(2, 3), torch.randn(1), torch.randn(2, 3)
-    proto = opbridge.export(IgnoresScale(), (a, scale, b), exporter=exporter, input_names=["a", "scale", "b"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the unused input, allowed here: tests/python/test_dropped_inputs.py tests the warning
+        proto = opbridge.export(IgnoresScale(), (a, scale, b), exporter=exporter, input_names=["a", "scale", "b"],
+                                allow_unused_inputs=True)
     report = opbridge.verify(IgnoresScale(), (a, scale, b), proto)  # names from forward's parameters
     assert report.ok, report
     graph_inputs = [i.name for i in proto.graph.input]
@@ -79,8 +84,10 @@ def test_verify_matches_inputs_by_name_and_lists_the_dropped_ones(exporter):
 
 
 def test_verify_without_names_to_match_says_how():
-    proto = opbridge.export(IgnoresScale(), (torch.ones(2), torch.ones(1), torch.ones(2)), exporter="torchscript",
-                            input_names=["a", "scale", "b"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        proto = opbridge.export(IgnoresScale(), (torch.ones(2), torch.ones(1), torch.ones(2)), exporter="torchscript",
+                                input_names=["a", "scale", "b"], allow_unused_inputs=True)
     if len(proto.graph.input) == 3:
         pytest.skip("this exporter kept the unused input")
     with pytest.raises(opbridge.OpbridgeError, match="pass input_names= as given to export"):
@@ -294,3 +301,4 @@ def test_dynamo_exports_fill_the_torchlib_registry_once_per_set_of_ops(monkeypat
     opbridge.export(MyAdd(), args)
     assert len(filled) == 2  # a new op: the registry is filled again
     assert opbridge.export(MyAdd(), args, opset=21) is not None and len(filled) == 3  # another opset
+

@@ -113,15 +113,17 @@ def test_inside_the_block_every_binding_runs_the_replacement_and_is_restored(pac
     assert after[4] is before[4] is False  # apply inherited from torch.autograd.Function again
 
 
-def test_nested_blocks_apply_once(package):
-    _, model = package
-    with opbridge.substitutions():
+def test_nested_blocks_apply_their_own_rules(package):
+    ops, model = package
+    original = ops.sample
+    with opbridge.substitutions() as outer:
         with opbridge.substitutions() as inner:
-            assert inner == []
+            assert inner == outer  # the same rules, bound once
             model.Model()(_xyz())
         model.Model()(_xyz())  # still substituted after the inner block
     with pytest.raises(ImportError):
         model.Model()(_xyz())
+    assert ops.sample == original
 
 
 def test_the_scan_for_bindings_asks_no_object_for_its_attributes(package):

@@ -4,12 +4,9 @@ axes by name, and the installed ONNX Runtime's judgement of the model."""
 from __future__ import annotations
 
 import contextlib
-import inspect
 import io
-import logging
 import os
 import re
-import warnings
 from typing import Any, Callable, Sequence
 
 import onnx
@@ -19,10 +16,13 @@ import torch
 from .._library.errors import OpbridgeError
 from .._library.kinds import positional, tensor_leaves
 from .._runtime.inspect import cannot_run
+from .._runtime.second_size import prove
 from .dynamo import DEFAULT_DYNAMO_OPSET, reused_torchlib_registry, translation_table
 from .functions import add_functions
+from .graph_inputs import check_dynamic_axes, check_dynamic_shapes, check_inputs, dynamic_shapes_from_axes
 from .examples import KeywordsBound, distinct_examples
-from .failures import op_errors, trace_warnings
+from .failures import op_errors
+from .isolation import isolated
 from .naming import name_outputs
 from .optimizer import optimize as optimize_program
 from .rules import ExportOptions
@@ -58,6 +58,10 @@ def export(
     extra_translations: dict[Any, Callable] | None = None,
     check: bool = True,
     check_runtime: bool = True,
+    prove_dynamic: bool = True,
+    check_args: tuple | None = None,
+    check_kwargs: dict[str, Any] | None = None,
+    allow_unused_inputs: bool = False,
     optimize: bool = True,
     verbose: bool = False,
 ) -> onnx.ModelProto:
@@ -98,6 +102,19 @@ def export(
     OpbridgeError lists every node they cannot run, with what to do; pass check_runtime=False
     when exporting for another runtime.
 
+    Dynamic axes are proven (prove_dynamic, the default, and the runtime check): the model runs
+    eagerly and in ONNX Runtime at the example's size and at a second size of every axis the graph
+    declares dynamic, and a disagreement or a failure there is an OpbridgeError naming the axes,
+    the sizes, the outputs and what in the graph holds an example size. The second inputs are
+    check_args / check_kwargs when given (the same structure as args / kwargs, other sizes), else
+    derived from the example (twice the size first; see opbridge._runtime.second_size). Where no
+    second size runs eagerly, a warning (UnprovenWarning) says the axes are not proven.
+
+    Every tensor of the call must be an input of the exported graph: one the graph does not take
+    (the model read it as a Python number, the TorchScript trace fixing its value, or an extension
+    call the trace cannot see uses it) is an OpbridgeError naming it; allow_unused_inputs=True makes
+    it a warning, for inputs the model ignores on purpose.
+
     Python-level operators with a substitution rule (opbridge.substitute) are traced as their
     replacements: see opbridge.substitutions.
 
@@ -117,6 +134,7 @@ def export(
         raise OpbridgeError("extra_translations are onnxscript translations for the dynamo exporter; for the "
                             "TorchScript exporter register a symbolic with torch.onnx.register_custom_op_symbolic")
     args, kwargs = distinct_examples(args, kwargs)
+    call = (model, args, kwargs)  # the call as given: the checks below run it
     names = list(input_names) if input_names else None
     outs = list(output_names) if output_names else None
     if exporter == "dynamo":
@@ -124,13 +142,13 @@ def export(
             raise OpbridgeError(f"the dynamo exporter writes opset {MIN_DYNAMO_OPSET} or newer, got opset={opset}; "
                                 "use exporter='torchscript' for older opsets")
         if dynamic_shapes is None:
-            dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_axes)
+            dynamic_shapes = dynamic_shapes_from_axes(model, args, kwargs, names, dynamic_axes)
         if isinstance(model, torch.export.ExportedProgram):
             _reusable(model)
         opset = opset or DEFAULT_DYNAMO_OPSET
         table = translation_table(opset=opset, custom_nodes=custom_nodes, portable=portable)
         table.update(extra_translations or {})
-        with _quiet(verbose), op_errors(), _missing_ops(), _undeclared_nodes(), substitutions(*_modules(model)), \
+        with isolated(verbose), op_errors(), _missing_ops(), _undeclared_nodes(), substitutions(*_modules(model)), \
                 reused_torchlib_registry():
             program = torch.onnx.export(model, _torch_args(args), kwargs=kwargs, dynamo=True,
                                         custom_translation_table=table, optimize=False,
@@ -141,6 +159,8 @@ def export(
             optimize_program(program)
         proto = program.model_proto
         squeeze_only_ones(proto)
+        if dynamic_shapes is not None:
+            check_dynamic_shapes(proto, model, args, kwargs, dynamic_shapes)
     else:
         if not torchscript_exporter_available():
             raise OpbridgeError(
@@ -156,7 +176,7 @@ def export(
             # The TorchScript exporter passes everything positionally: bind keywords here.
             model, args = KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
         buf = io.BytesIO()
-        with _quiet(verbose, native_output=True), op_errors(), _missing_ops(), \
+        with isolated(verbose, native_output=True), op_errors(), _missing_ops(), \
                 options_requested(custom_nodes, portable), substitutions(*_modules(model)):
             torch.onnx.export(model, _torch_args(args), buf, dynamo=False, do_constant_folding=optimize,
                               opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
@@ -167,7 +187,7 @@ def export(
     name_outputs(proto, keep=set(outs or ()))
     _lowest_ir_version(proto)
     if dynamic_axes:
-        _check_dynamic(proto, dynamic_axes)
+        check_dynamic_axes(proto, dynamic_axes)
     if check:
         onnx.checker.check_model(proto, full_check=True)
     if check_runtime:
@@ -176,9 +196,16 @@ def export(
             raise OpbridgeError(f"the exported model cannot run in ONNX Runtime {ort.__version__} with the loaded op "
                                 "libraries:\n  " + "\n  ".join(problems) + "\n(export with check_runtime=False for "
                                 "another runtime)")
+    check_inputs(proto, *call, names, exporter, allow_unused_inputs)
+    if prove_dynamic and check_runtime:
+        with substitutions(*_modules(call[0])):  # the model runs eagerly as it was traced
+            prove(*call, proto, check_args=check_args, check_kwargs=check_kwargs, input_names=names,
+                  exporter=exporter, rtol=1e-5, atol=1e-6)
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
+
+
 
 
 def _modules(model) -> list[torch.nn.Module]:
@@ -211,124 +238,6 @@ def _lowest_ir_version(proto: onnx.ModelProto) -> None:
     proto.ir_version = min(proto.ir_version, needed)
 
 
-def _check_dynamic(proto: onnx.ModelProto, dynamic_axes) -> None:
-    inputs = {i.name: i for i in proto.graph.input}
-    for name, axes in dynamic_axes.items():
-        if name not in inputs:
-            continue  # an input the exporter dropped (unused by the graph)
-        dims = inputs[name].type.tensor_type.shape.dim
-        for ax in axes:
-            d = dims[ax]
-            if d.HasField("dim_value"):
-                raise OpbridgeError(f"axis {ax} of input '{name}' was asked to be dynamic, but the exported model "
-                                    f"fixes it to {d.dim_value}: the model specializes on that size")
-
-
-@contextlib.contextmanager
-def _quiet(verbose: bool, native_output: bool = False):
-    """Hides the exporters' own chatter (progress lines, deprecation notices, warnings about
-    optional packages, the tracebacks fake tensors log before the error is raised) unless
-    verbose; errors still propagate, as exceptions. native_output also hides what the
-    TorchScript exporter's C++ writes straight to the process's stdout (the graph at an error)."""
-    if verbose:
-        yield
-        return
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "torch._subclasses",
-                                              "torch.fx")]
-    levels = [lg.level for lg in loggers]
-    caught: list = []
-    done = False
-    try:
-        for lg in loggers:
-            lg.setLevel(logging.CRITICAL)
-        # stderr too: torch.export prints the whole partial graph there before it raises.
-        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()), \
-                (_native_output_hidden() if native_output else contextlib.nullcontext()):
-            warnings.simplefilter("always")
-            yield
-            done = True
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-        if done:  # a failed export says one thing: its error
-            trace_warnings(caught)
-
-
-@contextlib.contextmanager
-def _native_output_hidden():
-    """File descriptors 1 and 2 go to a discarded temporary file for the duration (C++ writes
-    there directly, bypassing sys.stdout and sys.stderr)."""
-    import sys
-    import tempfile
-
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    saved = [os.dup(1), os.dup(2)]
-    try:
-        with tempfile.TemporaryFile() as sink:
-            os.dup2(sink.fileno(), 1)
-            os.dup2(sink.fileno(), 2)
-            try:
-                yield
-            finally:
-                for fd, old in zip((1, 2), saved):
-                    os.dup2(old, fd)
-    finally:
-        for old in saved:
-            os.close(old)
-
-
-def _dynamic_shapes(model, args: tuple, kwargs: dict | None, names: list[str] | None, dynamic_axes):
-    """dynamic_axes ({"x": {0: "batch"}}) as torch.export dynamic_shapes, keyed like forward's
-    parameters, one torch.export.Dim per axis name, so axes that share a name share a symbol
-    (and keep the name in ONNX)."""
-    if not dynamic_axes:
-        return None
-    kwargs = kwargs or {}
-    names = names or []
-    flat = [(("arg", i), a) for i, a in enumerate(args)] + [(("kw", k), v) for k, v in kwargs.items()]
-    if any(isinstance(v, (list, tuple, dict)) for _, v in flat):
-        raise OpbridgeError("dynamic_axes names top-level tensor arguments only; for inputs nested in containers "
-                            "pass torch.export's dynamic_shapes instead")
-    tensors = [(where, v) for where, v in flat if isinstance(v, torch.Tensor)]
-    unknown = sorted(set(dynamic_axes) - set(names[: len(tensors)]))
-    if unknown:
-        raise OpbridgeError(f"dynamic_axes names {unknown}, which are not in input_names {names} "
-                            "(input_names name the tensor inputs in order)")
-    symbols: dict[str, torch.export.Dim] = {}
-    per_tensor = {}
-    for (where, t), name in zip(tensors, names):
-        axes = dynamic_axes.get(name)
-        if not axes:
-            continue
-        if isinstance(axes, (list, tuple)):
-            axes = {ax: f"{name}_dim{ax}" for ax in axes}
-        spec = {}
-        for ax, sym in axes.items():
-            if not -t.dim() <= ax < t.dim():
-                raise OpbridgeError(f"dynamic_axes: input '{name}' has rank {t.dim()}; it has no axis {ax}")
-            spec[ax % t.dim()] = symbols.setdefault(sym, torch.export.Dim(sym))
-        per_tensor[where] = spec
-    forward = getattr(model, "forward", None)
-    if not callable(forward):
-        raise OpbridgeError("dynamic_axes needs a torch.nn.Module; an ExportedProgram has its shapes already")
-    sig = inspect.signature(forward)
-    bound = sig.bind(*args, **kwargs)
-    shapes, pos = {}, 0
-    for pname, value in bound.arguments.items():
-        kind = sig.parameters[pname].kind
-        if kind is inspect.Parameter.VAR_POSITIONAL:
-            shapes[pname] = tuple(per_tensor.get(("arg", pos + j)) for j in range(len(value)))
-            pos += len(value)
-        elif kind is inspect.Parameter.VAR_KEYWORD:
-            shapes[pname] = {k: per_tensor.get(("kw", k)) for k in value}
-        elif pname in kwargs:
-            shapes[pname] = per_tensor.get(("kw", pname))
-        else:
-            shapes[pname] = per_tensor.get(("arg", pos))
-            pos += 1
-    return shapes
 
 
 @contextlib.contextmanager

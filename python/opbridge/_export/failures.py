@@ -12,6 +12,7 @@ import torch
 
 from .._library.errors import OpbridgeError
 from .._library.registry import libraries
+from .foreign import failed_in_package
 from .substitution import unsubstituted
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes in the dynamo exporter's messages
@@ -31,6 +32,12 @@ def op_errors():
         why = unsubstituted(e)
         if why:
             raise OpbridgeError(why) from e
+        call = failed_in_package(e)
+        if call is not None:
+            raise OpbridgeError(
+                f"the model calls {call.entry}" + (f" at {call.where}" if call.where else "") + ", which hands "
+                f"tensors to compiled code the exporter cannot trace (in {call.inner}). No substitution rule covers "
+                "it. Add one that computes it on opbridge's or PyTorch's ops:\n" + call.advice()) from e
         namespaces = {lib.torch_namespace for lib in libraries()}
         cur, seen, node, root = e, set(), "", e
         while cur is not None and id(cur) not in seen:

@@ -13,8 +13,17 @@ Inside `substitutions()` (opbridge.export enters it) every rule whose module is 
 applied: the target's own binding (an autograd.Function's `apply`, a module's function, a class's
 method), every module global bound to it in any imported module (`sample = Sampling.apply`,
 `from package.ops import sample`) and every attribute bound to it in the models the block is given
-(`self.sample_fn = sample`) point to the replacement; all of it is restored when the block ends.
-The bindings are process-wide for the block's length.
+(`self.sample_fn = sample`) point to the target's dispatcher; all of it is restored when the last
+block in the process ends.
+
+The dispatcher runs the replacement for calls made on a thread inside a block that applies the
+rule (the innermost block on the thread decides, its only= included) and the original everywhere
+else: another thread calling the target during an export gets the original, and a copy of a model
+made inside a block (it holds the dispatcher) runs the original outside one. A torch.jit.trace made
+inside a block records the original, with a warning, since the trace outlives the block; the
+traces opbridge.export makes (its block is entered inside isolation.isolated) record the
+replacement, and so do torch.export's (a program made in a block is what opbridge.export takes).
+The dispatcher reads only a threading.local and plain attributes, so dynamo traces through it.
 """
 
 from __future__ import annotations
@@ -25,12 +34,13 @@ import inspect
 import sys
 import threading
 import types
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import torch
 
-from .._library.errors import OpbridgeError
+from .._library.errors import OpbridgeError, exception_chain
 from .._library.manifest import OpInfo, PythonOperator
 from .._library.registry import libraries
 
@@ -48,8 +58,6 @@ class Substitution:
 _RULES: dict[str, Substitution] = {}
 _TORCH_DIR = str(Path(torch.__file__).parent)  # frames of PyTorch's own code
 _COMPAT = "opbridge.compat."  # the drop-in modules (opbridge.compat.install)
-_LOCK = threading.RLock()
-_DEPTH = [0]  # nested substitutions() blocks apply the rules once
 
 
 def substitute(target: str, replacement: Callable | None = None, *, doc: str = ""):
@@ -152,54 +160,145 @@ def _is_function_class(obj) -> bool:
     return isinstance(obj, type) and issubclass(obj, torch.autograd.Function)
 
 
-class _Bindings:
-    """The attributes changed, to be restored in reverse order."""
+class _Installed:
+    """A target's dispatcher, standing in the target's place (and wherever a module or a given
+    model holds the target) while any substitutions() block in the process uses it. On the thread
+    of a block that applies the rule it runs the replacement; everywhere else, the original."""
 
-    def __init__(self):
-        self.changed: list[tuple[object, str, bool, object]] = []  # (owner, name, had own attribute, old value)
+    def __init__(self, rule: Substitution, original, call: Callable, bind: Callable[[Callable], Callable]):
+        self.target, self.rule, self.original, self.call, self.bind = rule.target, rule, original, call, bind
+        self.replacement = bind(rule.replacement)
+        self.users = 0  # blocks using it
+        self.owner: object = None
+        self.name = ""
+        self.own_value: object = None  # what stands at owner.name (a staticmethod for a Function's apply)
+        self.alias: object = None  # what a module's or a model's attribute bound to the target gets
+        entry = self
 
-    def set(self, owner, name: str, value) -> None:
-        own = name in vars(owner)
-        self.changed.append((owner, name, own, vars(owner).get(name)))
-        setattr(owner, name, value)
+        def dispatch(*args, **kwargs):
+            if _serves(entry.target):
+                return entry.replacement(*args, **kwargs)
+            return entry.call(*args, **kwargs)
 
-    def restore(self) -> None:
-        for owner, name, own, old in reversed(self.changed):
-            if own:
-                setattr(owner, name, old)
-            else:
-                delattr(owner, name)
-        self.changed.clear()
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            try:
+                setattr(dispatch, attr, getattr(original, attr))
+            except (AttributeError, TypeError):
+                pass
+        self.dispatcher = dispatch
 
 
-def _apply(rule: Substitution, bindings: _Bindings) -> tuple[object, Callable] | None:
-    """Points the target's own binding at the replacement: (the original callable, what now
-    stands in its place), or None when the target's module is not imported."""
+@dataclasses.dataclass(eq=False)
+class _Frame:
+    """A substitutions() block on this thread."""
+
+    targets: frozenset
+    export: bool  # entered by opbridge.export: its traces record the replacements
+    warned: set
+
+
+_LOCK = threading.RLock()  # the process-wide bindings below
+_INSTALLED: dict[str, _Installed] = {}  # target -> its dispatcher, while a block uses it
+
+
+@dataclasses.dataclass
+class _Held:
+    owner: object
+    name: str
+    own: bool  # the owner had the attribute itself (else it was inherited: deleted again)
+    old: object
+    count: int = 0  # blocks holding it
+
+
+_HELD: dict[tuple[int, str], _Held] = {}  # (id(owner), name) -> the binding, while a block holds it
+_THREAD = threading.local()  # .frames: this thread's blocks, innermost last
+
+
+def _serves(target: str) -> bool:
+    """Whether a call of `target` here runs its replacement: on a thread inside a block that
+    applies the rule (the innermost block decides), unless a torch.jit.trace that is not
+    opbridge.export's is recording (the trace outlives the block: it records the original)."""
+    frames = getattr(_THREAD, "frames", None)
+    if not frames:
+        return False
+    frame = frames[-1]
+    if target not in frame.targets:
+        return False
+    if frame.export or torch._C._get_tracing_state() is None:
+        return True
+    if target not in frame.warned:
+        frame.warned.add(target)
+        warnings.warn(f"substitutions(): a torch.jit.trace made inside the block records {target} as the model "
+                      f"defines it, not its substitution, since the trace outlives the block; opbridge.export "
+                      f"applies the substitutions to its own trace", stacklevel=3)
+    return False
+
+
+def _install(rule: Substitution) -> _Installed | None:
+    """The dispatcher for a rule whose target's module is imported (None otherwise, or where an
+    opbridge.compat module stands under the package's name)."""
     found = _resolve(rule.target)
     if found is None:
         return None
     owner, name, obj = found
     if (getattr(obj, "__module__", None) or "").startswith(_COMPAT):
         return None  # an opbridge.compat module installed under the package's name: already opbridge's ops
-    replacement = rule.replacement
     if _is_function_class(obj):
-        if isinstance(replacement, _OpCall):  # apply(*args) takes forward's parameters after ctx
-            sig = _signature(obj.forward)
-            sig = sig and sig.replace(parameters=list(sig.parameters.values())[1:])
-            replacement = replacement.bound_to(sig, drop_first=False)
-        original = obj.apply
-        bindings.set(obj, "apply", staticmethod(replacement))
-        return original, replacement
+        sig = _signature(obj.forward)  # apply(*args) takes forward's parameters after ctx
+        sig = sig and sig.replace(parameters=list(sig.parameters.values())[1:])
+        entry = _Installed(rule, obj.apply, obj.apply,
+                           lambda r: r.bound_to(sig, drop_first=False) if isinstance(r, _OpCall) else r)
+        entry.owner, entry.name = obj, "apply"
+        entry.own_value, entry.alias = staticmethod(entry.dispatcher), entry.dispatcher
+        return entry
     if isinstance(obj, torch._ops.OpOverloadPacket):  # a rule for torch.ops.<namespace>.<op>
-        replacement = _OpStandIn(obj, replacement)
+        entry = _Installed(rule, obj, obj, lambda r: r)
+        entry.owner, entry.name = owner, name
+        entry.own_value = entry.alias = _OpStandIn(obj, entry.dispatcher)
+        return entry
     static = inspect.getattr_static(owner, name)
-    if isinstance(replacement, _OpCall):  # a class's function is a method (self first), as a classmethod's
-        func = static.__func__ if isinstance(static, (staticmethod, classmethod)) else static
-        self_first = isinstance(static, classmethod) or (isinstance(owner, type) and not isinstance(static, staticmethod))
-        replacement = replacement.bound_to(_signature(func), drop_first=self_first)
-    bindings.set(owner, name, replacement if not isinstance(static, (staticmethod, classmethod))
-                 else type(static)(replacement))
-    return obj, replacement
+    wrapper = type(static) if isinstance(static, (staticmethod, classmethod)) else None
+    func = static.__func__ if wrapper is not None else static
+    # A class's function is a method (self first), as a classmethod's (cls first).
+    self_first = wrapper is classmethod or (isinstance(owner, type) and wrapper is None)
+    entry = _Installed(rule, obj, func if wrapper is classmethod else obj,
+                       lambda r: r.bound_to(_signature(func), drop_first=self_first) if isinstance(r, _OpCall) else r)
+    entry.owner, entry.name = owner, name
+    entry.own_value = wrapper(entry.dispatcher) if wrapper is not None else entry.dispatcher
+    entry.alias = entry.own_value.__get__(None, owner) if wrapper is classmethod else entry.dispatcher
+    return entry
+
+
+def _hold(owner, name: str, value, held: list) -> None:
+    """owner.name holds `value` until the last block holding it ends."""
+    key = (id(owner), name)
+    if key in held:
+        return
+    h = _HELD.get(key)
+    if h is None:
+        attrs = vars(owner)
+        h = _HELD[key] = _Held(owner, name, name in attrs, attrs.get(name))
+        setattr(owner, name, value)
+    h.count += 1
+    held.append(key)
+
+
+def _release(used: list[_Installed], held: list) -> None:
+    for key in reversed(held):
+        h = _HELD[key]
+        h.count -= 1
+        if h.count == 0:
+            del _HELD[key]
+            if h.own:
+                setattr(h.owner, h.name, h.old)
+            else:
+                delattr(h.owner, h.name)
+    held.clear()
+    for entry in used:
+        entry.users -= 1
+        if entry.users == 0 and _INSTALLED.get(entry.target) is entry:
+            del _INSTALLED[entry.target]
+    used.clear()
 
 
 class _OpStandIn:
@@ -217,83 +316,95 @@ class _OpStandIn:
         return getattr(self._op, name)
 
 
-def _rebind(spaces: list, pairs: Iterable[tuple[object, Callable]], bindings: _Bindings) -> None:
+def _rebind(spaces: list, entries: list[_Installed], held: list) -> None:
     """Every attribute of `spaces` (modules, nn.Module instances) bound to one of the originals
-    (a function, or a bound method such as a Function's apply) now holds its replacement. One
-    pass over every module's attributes for all the rules: it runs on every export. Values are
-    matched by identity and type, never with their own __eq__ or __getattr__ (torch.ops'
-    namespaces, in sys.modules, resolve any attribute asked for)."""
-    by_id, by_method = {}, {}
-    for original, replacement in pairs:
-        by_id[id(original)] = replacement
-        if isinstance(original, types.MethodType):
-            by_method[(id(original.__func__), id(original.__self__))] = replacement
-    if not by_id:
-        return
+    (a function, or a bound method such as a Function's apply) now holds its dispatcher; one that
+    another block bound already is held for this one too. One pass over every module's
+    attributes for all the rules: it runs on every export. Values are matched by identity and
+    type, never with their own __eq__ or __getattr__ (torch.ops' namespaces, in sys.modules,
+    resolve any attribute asked for)."""
+    by_id, by_method, bound = {}, {}, {}
+    for e in entries:
+        by_id[id(e.original)] = e.alias
+        bound[id(e.alias)] = e.alias
+        if isinstance(e.original, types.MethodType):
+            by_method[(id(e.original.__func__), id(e.original.__self__))] = e.alias
     for space in spaces:
         attrs = getattr(space, "__dict__", None)
         if not isinstance(attrs, dict):
             continue
         for key, value in list(attrs.items()):
-            replacement = by_id.get(id(value))
-            if replacement is None and by_method and type(value) is types.MethodType:
-                replacement = by_method.get((id(value.__func__), id(value.__self__)))
-            if replacement is not None:
-                bindings.set(space, key, replacement)
-
-
-_ACTIVE: dict[str, tuple[object, Callable]] = {}  # target -> (original, replacement) while a block runs
+            alias = by_id.get(id(value))
+            if alias is None and by_method and type(value) is types.MethodType:
+                alias = by_method.get((id(value.__func__), id(value.__self__)))
+            if alias is not None:
+                _hold(space, key, alias, held)
+            elif id(value) in bound and (id(space), key) in _HELD:
+                _hold(space, key, value, held)
 
 
 @contextlib.contextmanager
 def substitutions(*models, only: Iterable[str] | None = None) -> Iterator[list[str]]:
-    """Applies the registered substitutions (or those whose targets `only` names) for the block:
-    the model runs eagerly on opbridge's ops where it calls them (even where the original
-    extension is missing or CUDA-only), and exports with them. Yields the targets applied (rules
-    whose modules are not imported do nothing). `models` (torch.nn.Modules; opbridge.export
-    passes its model) also have their submodules' attributes that hold an operator rebound
-    (`self.sample_fn = furthest_point_sample` in a constructor). Nested blocks apply the rules
-    once (a nested block's models still get theirs)."""
-    instances = [m for model in models for m in model.modules()]
-    with _LOCK:
-        nested = _DEPTH[0] > 0
-        rules = {} if nested else _rules()
-        wanted = None if only is None else set(only)
-        unknown = sorted(wanted - set(rules)) if wanted is not None and not nested else []
+    """Applies the registered substitutions (or those whose targets `only` names) for the block,
+    on this thread: the model runs eagerly on opbridge's ops where it calls them (even where the
+    original extension is missing or CUDA-only), and opbridge.export traces them. Yields the
+    targets applied (rules whose modules are not imported do nothing). `models`
+    (torch.nn.Modules; opbridge.export passes its model) also have their submodules' attributes
+    that hold an operator rebound (`self.sample_fn = furthest_point_sample` in a constructor).
+
+    Other threads keep calling the originals. A nested block applies its own rules (its only=
+    included) until it ends; then the outer block's apply again. A copy of the model made inside
+    the block (copy.deepcopy) holds the dispatchers, which run the originals outside any block; a
+    torch.jit.trace made inside a block records the originals, with a warning (opbridge.export's own
+    traces record the replacements)."""
+    from .isolation import exporting_here  # isolation imports this module's dependants
+
+    rules = _rules()
+    if only is not None:
+        wanted = list(only)
+        unknown = sorted(set(wanted) - set(rules))
         if unknown:
             raise OpbridgeError(f"substitutions(only=...): no rule for {', '.join(unknown)}")
-        bindings, applied = _Bindings(), []
-        _DEPTH[0] += 1
+        rules = {t: rules[t] for t in dict.fromkeys(wanted)}
+    instances = [m for model in models for m in model.modules()]
+    used: list[_Installed] = []
+    held: list = []
+    with _LOCK:
         try:
-            if nested:
-                _rebind(instances, _ACTIVE.values(), bindings)
             for rule in rules.values():
-                got = _apply(rule, bindings) if wanted is None or rule.target in wanted else None
-                if got is not None:
-                    _ACTIVE[rule.target] = got
-                    applied.append(rule.target)
-            if applied:
-                _rebind([*sys.modules.values(), *instances], [_ACTIVE[t] for t in applied], bindings)
-            yield applied
-        finally:
-            _DEPTH[0] -= 1
-            bindings.restore()
-            if not nested:
-                _ACTIVE.clear()
+                entry = _INSTALLED.get(rule.target)
+                if entry is None:
+                    entry = _install(rule)
+                    if entry is None:
+                        continue
+                    _INSTALLED[rule.target] = entry
+                elif entry.rule is not rule and entry.rule.replacement is not rule.replacement:
+                    entry.rule, entry.replacement = rule, entry.bind(rule.replacement)  # substitute() again
+                entry.users += 1
+                used.append(entry)
+                _hold(entry.owner, entry.name, entry.own_value, held)
+            if used:
+                _rebind([*sys.modules.values(), *instances], used, held)
+        except BaseException:
+            _release(used, held)
+            raise
+    applied = [e.target for e in used]
+    frames = _THREAD.__dict__.setdefault("frames", [])
+    frame = _Frame(frozenset(applied), exporting_here(), set())
+    frames.append(frame)
+    try:
+        yield applied
+    finally:
+        frames.remove(frame)
+        with _LOCK:
+            _release(used, held)
 
 
 def unsubstituted(error: BaseException) -> str | None:
     """When `error` (or an exception it wraps) was raised inside an autograd.Function's forward
     that no rule covers, what to say: the Function, where it is defined, where the model called
     it, and how to add a rule. None otherwise."""
-    seen, cur = set(), error
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        frames = []
-        tb = cur.__traceback__
-        while tb is not None:
-            frames.append(tb.tb_frame)
-            tb = tb.tb_next
+    for cur, frames in exception_chain(error):
         for k in range(len(frames) - 1, -1, -1):  # the innermost Function forward
             ctx = frames[k].f_locals.get("ctx") if frames[k].f_code.co_name == "forward" else None
             cls = getattr(ctx, "_forward_cls", None)
@@ -311,5 +422,4 @@ def unsubstituted(error: BaseException) -> str | None:
                     f"the arguments of its forward (without ctx):\n  @opbridge.substitute({target!r})\n  def "
                     f"{cls.__name__.lower()}(...): ...\nor declare it in an op's definition with "
                     f"OpBuilder::replaces (docs/authoring.md).")
-        cur = cur.__cause__ or cur.__context__
     return None

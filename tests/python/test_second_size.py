@@ -1,0 +1,159 @@
+"""opbridge.export proves declared dynamic axes at a second size: models that are right at the
+example and wrong (or failing) elsewhere are refused, naming the axis, the sizes, the outputs and
+what in the graph holds the example's size. Each refused model is also exported with
+prove_dynamic=False and shown wrong at the second size by running it: the check is what catches it."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import opbridge
+
+
+class BakedNpoint(torch.nn.Module):
+    """npoint computed from the point count: the TorchScript trace writes it as a fixed attribute."""
+
+    def forward(self, xyz):
+        return torch.ops.opbridge.furthest_point_sampling(xyz, xyz.shape[1] // 4, tie_threads=0)
+
+
+class Loop(torch.nn.Module):
+    """A Python loop over a dynamic axis: the TorchScript trace unrolls it at the example's size."""
+
+    def forward(self, x):
+        return torch.stack([torch.ops.opbridge.my_add(x[i], x[i]) for i in range(x.shape[0])])
+
+
+class Sound(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.ops.opbridge.my_add(x, y) * x.shape[0], y.sum(0)
+
+
+class Offsets(torch.nn.Module):
+    """An input whose values depend on another's size (cumulative segment ends): no second size can be
+    derived by resampling, only given."""
+
+    def forward(self, xyz, offset):
+        return torch.ops.opbridge.knn_query(xyz, offset, k=2)[0]
+
+
+def _export(model, args, exporter, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return opbridge.export(model, args, exporter=exporter, **kw)
+
+
+def test_a_baked_attribute_is_refused_naming_axis_sizes_output_and_attribute():
+    xyz = torch.rand(2, 64, 3)
+    kw = dict(input_names=["xyz"], dynamic_axes={"xyz": {1: "n"}})
+    with pytest.raises(opbridge.OpbridgeError) as e:
+        _export(BakedNpoint(), (xyz,), "torchscript", **kw)
+    text = str(e.value)
+    for part in ("second size", "input 'xyz'", "axis 1 ('n')", "exported at 64, run at 128", "output 'idx'",
+                 "shape [2, 16] in ONNX Runtime, [2, 32] eagerly", "FurthestPointSampling", "npoint=16 (= n 64 / 4)",
+                 "TorchScript", "check_args", "prove_dynamic=False"):
+        assert part in text, (part, text)
+    # Without the proof the export goes through, and is wrong at 128 points.
+    proto = _export(BakedNpoint(), (xyz,), "torchscript", prove_dynamic=False, **kw)
+    got = opbridge.session(proto).run(None, {"xyz": torch.rand(2, 128, 3).numpy()})[0]
+    assert got.shape == (2, 16)  # eager picks 32
+
+
+def test_the_dynamo_exporter_refuses_the_same_model_with_torch_exports_guards():
+    with pytest.raises(opbridge.OpbridgeError) as e:
+        _export(BakedNpoint(), (torch.rand(2, 64, 3),), "dynamo", input_names=["xyz"], dynamic_axes={"xyz": {1: "n"}})
+    text = str(e.value)
+    assert "axis 1 of input 'xyz'" in text and "fixed to 64" in text
+    # The guard the model's code generated, and the line that generated it.
+    assert "torch.export's guards on those sizes" in text and "//4), 16) at " in text, text
+    assert "test_second_size.py:" in text and "xyz.shape[1] // 4" in text, text
+
+
+def test_an_unrolled_loop_is_refused():
+    kw = dict(input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    with pytest.raises(opbridge.OpbridgeError, match=r"(?s)batch 2 -> 4.*output '.*' \[4, 3\]: shape \[2, 3\]"):
+        _export(Loop(), (torch.randn(2, 3),), "torchscript", **kw)
+    proto = _export(Loop(), (torch.randn(2, 3),), "torchscript", prove_dynamic=False, **kw)
+    assert opbridge.session(proto).run(None, {"x": np.ones((5, 3), np.float32)})[0].shape == (2, 3)
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_a_sound_model_is_proven_and_says_at_which_sizes(exporter, caplog):
+    x, y = torch.rand(3, 4), torch.rand(3, 4)
+    with caplog.at_level(logging.INFO, logger="opbridge"):
+        proto = _export(Sound(), (x, y), exporter, input_names=["x", "y"], dynamic_axes={"x": {0: "b"}, "y": {0: "b"}})
+    assert "proven at a second size (derived): b: 3 -> 6" in caplog.text
+    out = opbridge.session(proto).run(None, {"x": np.ones((5, 4), np.float32), "y": np.ones((5, 4), np.float32)})
+    np.testing.assert_allclose(out[0], np.full((5, 4), 15.0))
+
+
+def test_check_args_give_the_second_size_and_must_match_the_call():
+    x, y = torch.rand(3, 4), torch.rand(3, 4)
+    kw = dict(input_names=["x", "y"], dynamic_axes={"x": {0: "b"}, "y": {0: "b"}})
+    _export(Sound(), (x, y), "dynamo", check_args=(torch.rand(7, 4), torch.rand(7, 4)), **kw)
+    with pytest.raises(opbridge.OpbridgeError, match="check_args holds 1 tensors, the example 2"):
+        _export(Sound(), (x, y), "dynamo", check_args=(torch.rand(7, 4),), **kw)
+    with pytest.warns(opbridge.UnprovenWarning, match="check_args has the example's size on input 'x'"):
+        _export(Sound(), (x, y), "dynamo", check_args=(torch.rand(3, 4), torch.rand(3, 4)), **kw)
+
+
+def test_an_axis_no_second_size_runs_for_is_a_warning_saying_how_to_prove_it():
+    xyz, offset = torch.rand(8, 3), torch.tensor([8])
+    kw = dict(input_names=["xyz", "offset"], dynamic_axes={"xyz": {0: "n"}})
+    with pytest.warns(opbridge.UnprovenWarning, match=r"(?s)input 'xyz'.*not proven.*n 8 -> 16: RuntimeError: "
+                                             r"opbridge::knn_query.*check_args="):
+        _export(Offsets(), (xyz, offset), "dynamo", **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", opbridge.UnprovenWarning)
+        _export(Offsets(), (xyz, offset), "dynamo", check_args=(torch.rand(13, 3), torch.tensor([13])), **kw)
+        _export(Offsets(), (xyz, offset), "dynamo", prove_dynamic=False, **kw)
+
+
+class RepeatInterleave(torch.nn.Module):
+    def forward(self, pos):
+        return pos.reshape(-1, 3) * 2, torch.arange(pos.shape[0]).repeat_interleave(pos.shape[1])
+
+
+def test_a_graph_that_fails_in_onnx_runtime_is_refused():
+    """The dynamo exporter's Expand for repeat_interleave over a dynamic count: ONNX Runtime fails."""
+    kw = dict(input_names=["pos"], dynamic_axes={"pos": {1: "n"}})
+    with pytest.raises(opbridge.OpbridgeError, match="fails in ONNX Runtime.*Expand"):
+        _export(RepeatInterleave(), (torch.rand(2, 5, 3),), "dynamo", **kw)
+
+
+class DictInput(torch.nn.Module):
+    def forward(self, data):
+        return data["pos"] * 2, data["x"].sum(1)
+
+
+class DictInputBaked(torch.nn.Module):
+    def forward(self, data):
+        pos = data["pos"]
+        return torch.ops.opbridge.furthest_point_sampling(pos, pos.shape[1] // 4), data["x"] * 2
+
+
+def test_dynamic_axes_name_tensors_inside_a_dict_and_are_proven(caplog):
+    data = {"pos": torch.rand(2, 64, 3), "x": torch.rand(2, 64, 5)}
+    kw = dict(input_names=["pos", "x"], dynamic_axes={"pos": {1: "n"}, "x": {1: "n"}})
+    for exporter in opbridge.EXPORTERS:
+        with caplog.at_level(logging.INFO, logger="opbridge"):
+            proto = _export(DictInput(), (data,), exporter, **kw)
+        assert [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in proto.graph.input] == \
+            [[2, "n", 3], [2, "n", 5]]
+    assert "n: 64 -> 128" in caplog.text
+
+
+def test_dynamic_shapes_that_the_model_fixes_are_refused_naming_the_path():
+    data = {"pos": torch.rand(2, 64, 3), "x": torch.rand(2, 64, 5)}
+    n = torch.export.Dim("n")
+    with pytest.raises(opbridge.OpbridgeError) as e:
+        _export(DictInputBaked(), (data,), "dynamo", dynamic_shapes=({"pos": {1: n}, "x": {1: n}},))
+    text = str(e.value)
+    assert "axis 1 of input" in text and "(args[0]['pos']) is fixed to 64" in text, text
+    assert "L['data']['pos'].size()[1]//4), 16) at" in text, text  # torch.export's guard, with its line
+    _export(DictInput(), (data,), "dynamo", dynamic_shapes=({"pos": {1: n}, "x": {1: n}},))
