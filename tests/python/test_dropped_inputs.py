@@ -28,8 +28,10 @@ def test_an_input_folded_into_a_python_number_is_refused_naming_it():
     x, k = torch.rand(2, 5), torch.rand(3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        with pytest.raises(opbridge.OpbridgeError, match=r"does not take the input 'k' \(args\[1\]\).*Python number"):
+        with pytest.raises(opbridge.OpbridgeError, match=r"does not take the input 'k' \(args\[1\]\).*Python number") as e:
             opbridge.export(Folds(), (x, k), exporter="torchscript", input_names=["x", "k"])
+        # The line that read it, from the trace's own warning.
+        assert "test_dropped_inputs.py:19: Converting a tensor to a Python float" in str(e.value), str(e.value)
         # What the check prevents: the graph computes with the example's k.
         proto = opbridge.export(Folds(), (x, k), exporter="torchscript", input_names=["x", "k"],
                                 allow_unused_inputs=True)

@@ -161,6 +161,7 @@ def export(
         squeeze_only_ones(proto)
         if dynamic_shapes is not None:
             check_dynamic_shapes(proto, model, args, kwargs, dynamic_shapes)
+        caught = []
     else:
         if not torchscript_exporter_available():
             raise OpbridgeError(
@@ -176,7 +177,7 @@ def export(
             # The TorchScript exporter passes everything positionally: bind keywords here.
             model, args = KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
         buf = io.BytesIO()
-        with isolated(verbose, native_output=True), op_errors(), _missing_ops(), \
+        with isolated(verbose, native_output=True) as caught, op_errors(), _missing_ops(), \
                 options_requested(custom_nodes, portable), substitutions(*_modules(model)):
             torch.onnx.export(model, _torch_args(args), buf, dynamo=False, do_constant_folding=optimize,
                               opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
@@ -196,7 +197,8 @@ def export(
             raise OpbridgeError(f"the exported model cannot run in ONNX Runtime {ort.__version__} with the loaded op "
                                 "libraries:\n  " + "\n  ".join(problems) + "\n(export with check_runtime=False for "
                                 "another runtime)")
-    check_inputs(proto, *call, names, exporter, allow_unused_inputs)
+    check_inputs(proto, *call, names, exporter, allow_unused_inputs,
+                 [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)])
     if prove_dynamic and check_runtime:
         with substitutions(*_modules(call[0])):  # the model runs eagerly as it was traced
             prove(*call, proto, check_args=check_args, check_kwargs=check_kwargs, input_names=names,
@@ -204,8 +206,6 @@ def export(
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
-
-
 
 
 def _modules(model) -> list[torch.nn.Module]:

@@ -29,9 +29,10 @@ def _modules(model) -> list[torch.nn.Module]:
 
 
 def check_inputs(proto: onnx.ModelProto, model, args: tuple, kwargs: dict | None, names, exporter: str,
-                  allow: bool) -> None:
+                 allow: bool, traced: list | None = None) -> None:
     """Every tensor of the call is a graph input: one that is not was dropped by the exporter, and the
-    graph computes as if the example's value were fixed, or without it."""
+    graph computes as if the example's value were fixed, or without it. traced: the TorchScript
+    trace's TracerWarnings (warnings.WarningMessage), whose lines read tensors as Python values."""
     graph_inputs = [i.name for i in proto.graph.input]
     tensors = tensor_leaves((args, kwargs or {}))
     # An input no node reads and no output is: the exporter kept it, and baked its value.
@@ -58,9 +59,7 @@ def check_inputs(proto: onnx.ModelProto, model, args: tuple, kwargs: dict | None
             "int(t), t.item(), `if t:`), so the graph holds the example's value; or an operator the trace cannot see "
             "into uses it (an autograd.Function over a compiled extension: give it a substitution rule, "
             "@opbridge.substitute('package.module.Function'), docs/authoring.md); or the model does not use it."
-            + (" The TorchScript exporter's TracerWarnings name the lines that read tensors as Python values."
-               if exporter == "torchscript" else "")
-            + " Pass allow_unused_inputs=True if the model ignores it on purpose.")
+            + " Pass allow_unused_inputs=True if the model ignores it on purpose." + _read_as_values(traced or []))
     with substitutions(*_modules(model)):  # the model runs as it was traced
         hidden = called_operators(model, args, kwargs or {})
     if hidden:
@@ -70,6 +69,19 @@ def check_inputs(proto: onnx.ModelProto, model, args: tuple, kwargs: dict | None
         raise OpbridgeError(text)
     warnings.warn(text, stacklevel=3)
 
+
+
+def _read_as_values(traced: list) -> str:
+    """Where the trace read a tensor as a Python value, from its TracerWarnings: model code first."""
+    lines = []
+    for w in traced:
+        text = str(w.message).strip().split(". ")[0].rstrip(".")
+        if "Python" in text or "might cause the trace" in text:
+            where = f"{w.filename}:{w.lineno}: {text}"
+            if where not in lines:
+                lines.append(where)
+    model_first = sorted(lines, key=lambda ln: ln.startswith(_PACKAGE) or "/torch/" in ln)
+    return ("\nThe trace read tensors as Python values at:\n  " + "\n  ".join(model_first[:6])) if lines else ""
 
 
 def check_dynamic_axes(proto: onnx.ModelProto, dynamic_axes) -> None:

@@ -66,26 +66,28 @@ def _quiet_here() -> bool:
 
 
 @contextlib.contextmanager
-def isolated(verbose: bool, native_output: bool = False) -> Iterator[None]:
+def isolated(verbose: bool, native_output: bool = False) -> Iterator[list]:
     """The export's context: it waits for any other export to end, and unless verbose hides the
     exporters' own output (progress lines, deprecation notices, warnings about optional packages,
     the tracebacks fake tensors log before the error is raised) on this thread only; errors still
     propagate, as exceptions. native_output also hides the TorchScript exporter's ONNX log (the
-    graph at an error). The model's own warnings and the trace's TracerWarnings reach the caller."""
+    graph at an error). The model's own warnings and the trace's TracerWarnings reach the caller.
+    Yields the list the warnings of the block are collected in (empty when verbose: they went to
+    the caller as they came)."""
     with _EXPORT_LOCK:
         _LOCAL.exporting = getattr(_LOCAL, "exporting", 0) + 1
         try:
             if verbose:
-                yield
+                yield []
             else:
-                with _quiet(native_output):
-                    yield
+                with _quiet(native_output) as caught:
+                    yield caught
         finally:
             _LOCAL.exporting -= 1
 
 
 @contextlib.contextmanager
-def _quiet(native_output: bool) -> Iterator[None]:
+def _quiet(native_output: bool) -> Iterator[list]:
     with _HOOKS_LOCK:
         _install_hooks(native_output)
         _ROUTED_USERS[0] += 1
@@ -96,7 +98,7 @@ def _quiet(native_output: bool) -> Iterator[None]:
     stack.append(caught)
     done = False
     try:
-        yield
+        yield caught
         done = True
     finally:
         stack.pop()
