@@ -17,6 +17,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,10 @@ struct Kernel {
   const OpSpec* spec;
   std::vector<AttrValue> attrs;
   std::string where;  // "<ns>::<op> (node 'name')", the prefix of every error
+  // The symbolic attributes (OpSpec::symbolic_attrs; the k-th is given by input op.inputs.size() + k
+  // when the node has it) and whether the node's attribute or the default gives a value without it.
+  std::vector<size_t> symbolic;
+  std::vector<bool> symbolic_given;
 };
 
 OrtStatus* fail(OrtErrorCode code, const std::string& msg) { return g_api->CreateStatus(code, msg.c_str()); }
@@ -218,11 +223,39 @@ std::string node_name(const OrtKernelInfo* info) {
   return name;
 }
 
+// The value of symbolic attribute `a` from its input: an int64 scalar or 1-element tensor.
+int64_t symbolic_value(const OrtValue* v, const AttrSpec& a) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  check(g_api->GetTensorTypeAndShape(v, &info));
+  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> guard(info, g_api->ReleaseTensorTypeAndShapeInfo);
+  ONNXTensorElementDataType et;
+  size_t rank = 0;
+  check(g_api->GetTensorElementType(info, &et));
+  check(g_api->GetDimensionsCount(info, &rank));
+  Shape shape(rank);
+  check(g_api->GetDimensions(info, shape.data(), rank));
+  const bool one = rank == 0 || (rank == 1 && shape[0] == 1);
+  OB_CHECK(et == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 && one, "input '", a.name, "_value' gives attribute '", a.name,
+           "' and must be an int64 scalar or 1-element tensor, got ",
+           et == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 ? "int64" : "another element type", " of shape ", shape_str(shape));
+  void* data = nullptr;
+  check(g_api->GetTensorMutableData(const_cast<OrtValue*>(v), &data));
+  return *static_cast<const int64_t*>(data);
+}
+
 // ---- compute --------------------------------------------------------------------------------
 // ONNX Runtime's output `i`, allocated with `shape`: its data.
 void* output_data(const OrtKernelContext* ctx, size_t i, const Shape& shape) {
   OrtValue* out = nullptr;
-  check(g_api->KernelContext_GetOutput(const_cast<OrtKernelContext*>(ctx), i, shape.data(), shape.size(), &out));
+  if (OrtStatus* s = g_api->KernelContext_GetOutput(const_cast<OrtKernelContext*>(ctx), i, shape.data(), shape.size(),
+                                                    &out)) {
+    std::string msg = g_api->GetErrorMessage(s);
+    g_api->ReleaseStatus(s);
+    // The runtime's allocator says it with its source file and signature: an allocation that
+    // failed is std::bad_alloc, which the core reports naming the output, its shape and bytes.
+    if (msg.find("Failed to allocate memory") != std::string::npos) throw std::bad_alloc();
+    throw OrtFailure(msg);
+  }
   void* data = nullptr;
   check(g_api->GetTensorMutableData(out, &data));
   return data;
@@ -275,6 +308,7 @@ class OrtHost final : public KernelHost {
 // expected: ONNX Runtime does not run a node inside another on one thread) uses fresh storage.
 struct ComputeBuffers {
   std::vector<TensorView> views;
+  std::vector<AttrValue> attrs;  // the kernel's, with the symbolic attributes' inputs applied
   std::vector<const TensorView*> inputs;
   CallBuffers call;
   bool in_use = false;
@@ -320,8 +354,22 @@ void compute(const Kernel& k, OrtKernelContext* ctx) {
     contiguous_strides(view.shape, view.strides);
     b.inputs[i] = &view;
   }
+  const std::vector<AttrValue>* attrs = &k.attrs;
+  if (!k.symbolic.empty()) {  // an input given for a symbolic attribute wins over the attribute
+    b.attrs = k.attrs;
+    attrs = &b.attrs;
+    const std::vector<size_t>& symbolic = k.symbolic;
+    for (size_t j = 0; j < symbolic.size(); ++j) {
+      const AttrSpec& a = op.attrs[symbolic[j]];
+      const OrtValue* v = nullptr;
+      if (op.inputs.size() + j < n_in) check(g_api->KernelContext_GetInput(ctx, op.inputs.size() + j, &v));
+      if (v) b.attrs[symbolic[j]] = symbolic_value(v, a);
+      else OB_CHECK(k.symbolic_given[j], "required attribute '", a.name, "' (int) is missing: the node gives it "
+                    "neither as an attribute nor as input '", a.name, "_value'");
+    }
+  }
   OrtHost host(ctx);
-  run_kernel(op, b.inputs, k.attrs, host, b.call);
+  run_kernel(op, b.inputs, *attrs, host, b.call);
 }
 
 // Runs f, turning any exception into a failed status that names the op (and node).
@@ -378,9 +426,23 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, cons
     std::string node = node_name(info);
     if (!node.empty()) where += " (node '" + node + "')";
     if (self(op).refusing) refuse_dtypes(spec, info);
-    auto kernel = std::make_unique<Kernel>(Kernel{&spec, {}, where});
+    auto kernel = std::make_unique<Kernel>(Kernel{&spec, {}, where, spec.symbolic_attrs(), {}});
+    // Only the op's own attributes can be asked for: the C API lists none of a node's (through
+    // version 29), so one the op does not take is named by `opbridge inspect` and the ONNX checker.
     std::vector<std::optional<AttrValue>> given;
     for (const AttrSpec& a : spec.attrs) given.push_back(read_attr(info, a));
+    // A symbolic attribute may come as the node's input instead (read per call, see compute).
+    size_t n_in = 0;
+    check(g_api->KernelInfo_GetInputCount(info, &n_in));
+    const std::vector<size_t>& symbolic = kernel->symbolic;
+    for (size_t j = 0; j < symbolic.size(); ++j) {
+      const AttrSpec& a = spec.attrs[symbolic[j]];
+      const bool has_value = given[symbolic[j]] || a.default_value;
+      OB_CHECK(has_value || spec.inputs.size() + j < n_in, "required attribute '", a.name, "' (int) is missing: the "
+               "node gives it neither as an attribute nor as input '", a.name, "_value'");
+      if (!has_value) given[symbolic[j]] = AttrValue{int64_t{0}};  // never read: compute takes the input
+      kernel->symbolic_given.push_back(has_value);
+    }
     kernel->attrs = resolve_attrs(spec, std::move(given));
     *out = kernel.release();
   });
@@ -403,7 +465,9 @@ void fill_table(CustomOp& c) {
   c.GetOutputTypeCount = [](const OrtCustomOp* op) { return self(op).output_types.size(); };
   c.GetOutputType = [](const OrtCustomOp* op, size_t i) { return self(op).output_types[i]; };
   c.GetInputCharacteristic = [](const OrtCustomOp* op, size_t i) {
-    return self(op).spec->inputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    // Past the op's inputs: the optional inputs of its symbolic attributes.
+    const auto& inputs = self(op).spec->inputs;
+    return i >= inputs.size() || inputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   };
   c.GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
   c.GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
@@ -449,6 +513,7 @@ std::unique_ptr<CustomOp> entry(const OpSpec& op, const std::vector<DType>& chos
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   };
   for (const InputSpec& in : op.inputs) c->input_types.push_back(dtype_of(in.type));
+  for (size_t j = 0; j < op.symbolic_attrs().size(); ++j) c->input_types.push_back(ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
   for (const OutputSpec& o : op.outputs) c->output_types.push_back(dtype_of(o.type));
   return c;
 }

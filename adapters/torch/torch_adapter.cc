@@ -104,7 +104,9 @@ std::string schema_of(const OpSpec& op, const std::string& name = "", bool no_ou
       kw_only = true;
     }
     seen_default |= a.default_value.has_value();
-    arg(std::string(attr_kind_name(a.kind)) + " " + a.name + (a.default_value ? "=" + default_literal(*a.default_value) : ""));
+    // A symbolic attribute is a SymInt, so torch.export keeps a size computed into it symbolic.
+    const std::string type = a.symbolic ? "SymInt" : std::string(attr_kind_name(a.kind));
+    arg(type + " " + a.name + (a.default_value ? "=" + default_literal(*a.default_value) : ""));
   }
   s += ") -> ";
   if (no_outputs) return s + "()";
@@ -150,7 +152,8 @@ c10::ScalarType to_scalar_type(DType t) {
 
 AttrValue to_attr(const AttrSpec& a, const c10::IValue& v) {
   switch (a.kind) {
-    case AttrKind::Int: return v.toInt();
+    // A SymInt argument (a symbolic attribute) is concrete here: the Meta kernel keeps symbolic ones.
+    case AttrKind::Int: return v.isSymInt() ? v.toSymInt().guard_int(__FILE__, __LINE__) : v.toInt();
     // Float attributes are float32 in ONNX; round here so eager and ONNX Runtime agree.
     case AttrKind::Float: return static_cast<double>(static_cast<float>(v.toDouble()));
     case AttrKind::Bool: return v.toBool();
@@ -211,8 +214,19 @@ class BoxedOp final : public c10::OperatorKernel {
         tensors.push_back(none ? std::nullopt : std::optional<at::Tensor>(args[i].toTensor()));
       }
       std::vector<AttrValue> attrs;
-      for (size_t i = 0; i < op_.attrs.size(); ++i) attrs.push_back(to_attr(op_.attrs[i], args[n_in + i]));
-      outputs = meta_ ? run_meta(tensors, attrs) : run_cpu(tensors, attrs);
+      std::vector<std::optional<c10::SymInt>> symbolic(op_.attrs.size());
+      for (size_t i = 0; i < op_.attrs.size(); ++i) {
+        const c10::IValue& v = args[n_in + i];
+        // A symbolic size (torch.export's) stays symbolic in the shape rules; the attribute's
+        // concrete slot is never read for it.
+        if (meta_ && op_.attrs[i].symbolic && v.isSymInt() && !v.toSymInt().maybe_as_int()) {
+          symbolic[i] = v.toSymInt();
+          attrs.push_back(int64_t{0});
+          continue;
+        }
+        attrs.push_back(to_attr(op_.attrs[i], v));
+      }
+      outputs = meta_ ? run_meta(tensors, attrs, symbolic) : run_cpu(tensors, attrs);
       if (check_only_) outputs.clear();
     } catch (const Error& e) {
       TORCH_CHECK(false, op_.qualified_name(), ": ", e.what());
@@ -244,10 +258,21 @@ class BoxedOp final : public c10::OperatorKernel {
     return std::move(host.tensors);
   }
 
-  std::vector<at::Tensor> run_meta(const std::vector<std::optional<at::Tensor>>& tensors, const std::vector<AttrValue>& attrs) {
+  std::vector<at::Tensor> run_meta(const std::vector<std::optional<at::Tensor>>& tensors, const std::vector<AttrValue>& attrs,
+                                   const std::vector<std::optional<c10::SymInt>>& symbolic) {
     std::vector<std::optional<DType>> dtypes;
     std::vector<std::vector<c10::SymInt>> sizes(tensors.size());
     std::vector<const std::vector<c10::SymInt>*> shapes;
+    // A meta input sends the call here even when others hold data (on the CPU): that is no shape
+    // query but a mix of devices, which the kernels cannot run.
+    const at::Tensor* first = nullptr;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!tensors[i]) continue;
+      if (!first) first = &*tensors[i];
+      OB_CHECK(tensors[i]->device() == first->device(), "input '", op_.inputs[i].name, "' is on ",
+               tensors[i]->device().str(), " and another input on ", first->device().str(),
+               "; all inputs must be on one device");
+    }
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (!tensors[i]) {
         dtypes.push_back(std::nullopt);
@@ -259,7 +284,7 @@ class BoxedOp final : public c10::OperatorKernel {
       shapes.push_back(&sizes[i]);
     }
     std::vector<DType> out_dtypes = output_dtypes(op_, resolve_types(op_, dtypes));
-    auto out_shapes = ShapeInference<c10::SymInt>(op_, shapes, attrs).run();
+    auto out_shapes = ShapeInference<c10::SymInt>(op_, shapes, attrs, symbolic).run();
     if (check_only_) return {};
     std::vector<at::Tensor> outputs;
     for (size_t i = 0; i < out_shapes.size(); ++i)

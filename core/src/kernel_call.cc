@@ -1,5 +1,8 @@
 #include "opbridge/kernel_call.h"
 
+#include <new>
+#include <string>
+
 #include "opbridge/error.h"
 #include "opbridge/prepare.h"
 
@@ -27,13 +30,22 @@ void run_kernel(const OpSpec& op, const std::vector<const TensorView*>& inputs, 
       out.strides.clear();
       continue;
     }
-    // Refused here, in the op's words, before a host's allocator sees an impossible size.
-    checked_nbytes(out.dtype, out.shape, op.outputs[i].name);
-    out.data = host.output_memory(i, out.dtype, out.shape);
+    out.data = output_memory(host, i, out.dtype, out.shape, op.outputs[i].name);
     contiguous_strides(out.shape, out.strides);
   }
   KernelContext ctx(op, inputs, outputs, attrs, host);
-  op.cpu_kernel(ctx);
+  try {
+    op.cpu_kernel(ctx);
+  } catch (const std::bad_alloc&) {
+    // The kernel's own working memory (outputs and scratch say what they are above): name the
+    // inputs it was sized by, so the error is never a bare std::bad_alloc.
+    std::string given;
+    for (size_t i = 0; i < op.inputs.size(); ++i)
+      if (i < inputs.size() && inputs[i])
+        given += detail::concat(given.empty() ? "" : ", ", op.inputs[i].name, " ", shape_str(inputs[i]->shape));
+    throw Error(detail::concat("out of memory: the kernel's working memory for inputs ", given,
+                               " cannot be allocated"));
+  }
   ctx.check_outputs_allocated();
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <new>
+#include <string>
 
 #include "opbridge/block_cache.h"
 #include "opbridge/error.h"
@@ -28,8 +30,7 @@ TensorView& KernelContext::allocate_output(TensorView& out, Shape shape) {
     OB_CHECK(out.shape[d] == kDataDependentDim || out.shape[d] == shape[d], "kernel gives output '", spec.name,
              "' shape ", shape_str(shape), "; its shape rule fixes axis ", d, " to ", out.shape[d]);
   }
-  checked_nbytes(out.dtype, shape, spec.name);
-  out.data = host_.output_memory(i, out.dtype, shape);
+  out.data = output_memory(host_, i, out.dtype, shape, spec.name);
   out.strides = contiguous_strides(shape);
   out.shape = std::move(shape);
   return out;
@@ -54,11 +55,35 @@ void KernelContext::check_outputs_allocated() const {
   }
 }
 
+void* output_memory(KernelHost& host, size_t i, DType dtype, const Shape& shape, const std::string& name) {
+  // Refused here, in the op's words, before a host's allocator sees an impossible size.
+  const int64_t bytes = checked_nbytes(dtype, shape, name);
+  const auto refused = [&](const std::string& why) {
+    return Error(detail::concat("output '", name, "' of shape ", shape_str(shape), " (", bytes,
+                                " bytes) cannot be allocated", why));
+  };
+  try {
+    return host.output_memory(i, dtype, shape);
+  } catch (const std::bad_alloc&) {
+    throw refused(": out of memory");
+  } catch (const Error&) {
+    throw;  // the host's own words, which name the output already
+  } catch (const std::exception& e) {  // e.g. a runtime's allocator refusing: its first line
+    const std::string what = e.what();
+    throw refused(": " + what.substr(0, what.find('\n')));
+  }
+}
+
 void* KernelContext::scratch(size_t bytes) {
   // Not zero-filled: kernels write their scratch before reading it. Large blocks come back from
   // the scratch cache on later calls instead of as fresh pages.
   size_t size = 0;
-  void* block = scratch_cache().take(bytes, size);
+  void* block = nullptr;
+  try {
+    block = scratch_cache().take(bytes, size);
+  } catch (const std::bad_alloc&) {
+    throw Error(detail::concat("scratch memory of ", bytes, " bytes cannot be allocated: out of memory"));
+  }
   std::lock_guard<std::mutex> lock(scratch_mu_);
   try {
     scratch_.push_back({block, size});

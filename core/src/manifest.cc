@@ -127,6 +127,7 @@ json op_json(const OpSpec& op) {
   for (const AttrSpec& a : op.attrs) {
     json j = {{"name", a.name}, {"kind", attr_kind_name(a.kind)}, {"doc", a.doc}};
     if (a.default_value) j["default"] = value(*a.default_value);
+    if (a.symbolic) j["symbolic"] = true;  // a node may give it as an input (AttrSpec::symbolic)
     attrs.push_back(std::move(j));
   }
   for (const OutputSpec& o : op.outputs)
@@ -142,7 +143,8 @@ json op_json(const OpSpec& op) {
   return {{"name", op.name}, {"qualified_name", op.qualified_name()}, {"defines_torch_op", op.defines_torch_op()},
           {"doc", op.doc}, {"export", export_json(op)}, {"types", std::move(types)}, {"inputs", std::move(inputs)},
           {"attributes", std::move(attrs)}, {"outputs", std::move(outputs)}, {"checks", std::move(checks)},
-          {"backward", op.backward}, {"check_op", op.check_op()}, {"replaces", std::move(replaces)}};
+          {"backward", op.backward}, {"check_op", op.check_op()}, {"random_when", op.random_when},
+          {"replaces", std::move(replaces)}};
 }
 }  // namespace
 

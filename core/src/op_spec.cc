@@ -167,6 +167,13 @@ int OpSpec::input_index(std::string_view n) const {
   return -1;
 }
 
+std::vector<size_t> OpSpec::symbolic_attrs() const {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < attrs.size(); ++i)
+    if (attrs[i].symbolic) out.push_back(i);
+  return out;
+}
+
 int OpSpec::attr_index(std::string_view n) const {
   for (size_t i = 0; i < attrs.size(); ++i)
     if (attrs[i].name == n) return static_cast<int>(i);
@@ -312,6 +319,8 @@ void validate_spec(const OpSpec& op) {
     OB_CHECK(names.insert(a.name).second, "attribute '", a.name, "' reuses a name");
     OB_CHECK(!a.default_value || attr_kind_of(*a.default_value) == a.kind, "attribute '", a.name,
              "' has a default of the wrong kind");
+    OB_CHECK(!a.symbolic || a.kind == AttrKind::Int, "attribute '", a.name, "' is symbolic but ",
+             attr_kind_name(a.kind), "; only an int can be computed from sizes");
     if (a.default_value && a.kind == AttrKind::Float)
       OB_CHECK(std::isfinite(std::get<double>(*a.default_value)), "attribute '", a.name, "' has a non-finite default");
     if (a.default_value && a.kind == AttrKind::Floats)

@@ -44,4 +44,15 @@ std::vector<int64_t> segment_pointers(const TensorView& ptr, const char* ptr_nam
   return p;
 }
 
+std::vector<int64_t> batch_vector(const TensorView& batch, const char* name) {
+  const std::vector<int64_t> v = read(batch);
+  for (size_t i = 0; i < v.size(); ++i) {
+    OB_CHECK(v[i] >= 0, name, "[", i, "] = ", v[i], " is negative; a batch vector numbers the examples from 0");
+    // Rows of one example must be one run: a segment op given an unsorted vector would mix examples.
+    OB_CHECK(i == 0 || v[i] >= v[i - 1], name, " must be sorted, but ", name, "[", i - 1, "] = ", v[i - 1], " > ", name,
+             "[", i, "] = ", v[i], " (each example's rows together, examples in increasing order)");
+  }
+  return v;
+}
+
 }  // namespace opbridge

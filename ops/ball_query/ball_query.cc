@@ -4,7 +4,10 @@
 // no smaller than the radius (ball_query_kernel.cc); the points it returns are exactly those of a
 // scan over every point. Its family: ball_query_offset, pointops' ball query over batch segments
 // given by offsets, with a minimum radius and pointops' order of the points kept; radius,
-// torch_cluster's pairs within a radius (as many as there are: a data-dependent size).
+// torch_cluster's pairs within a radius (as many as there are: a data-dependent size); and
+// batch_pointers, a batch vector's row pointers, through which the compat functions that take a
+// batch vector (knn, nearest, fps, ...) turn it into the segments their ops take, so the exported
+// graph checks the vector as radius does.
 #include <opbridge/op.h>
 
 #include "ball_query_kernel.h"
@@ -75,5 +78,18 @@ OPBRIDGE_OP(radius)
     .output("edge_index", DType::Int64, shape::dims({constant(2), data_dependent("pairs")}),
             "(2, pairs): row 0 the rows of y, row 1 the rows of x")
     .cpu(radius_kernel);
+
+OPBRIDGE_OP(batch_pointers)
+    .doc("For each entry v of bounds, the number of rows of the batch vector below example v: with bounds "
+         "0, 1, ..., B the (B + 1,) row pointers of B examples (PyG's ptr). The batch vector is checked as every "
+         "op that takes one checks it: non-negative and sorted.")
+    .types("B", {DType::Int32, DType::Int64})
+    .types("V", {DType::Int64})
+    .input("batch", "B", "(n,) the example of each row: numbered from 0, sorted", 1)
+    .input("bounds", "V", "(c,) the example numbers to count the rows below", 1)
+    .string_attr("name", "batch", "what the caller calls the batch vector, for its errors")
+    .string_attr("caller", "", "the function that converts it (e.g. torch_cluster.knn), named first in its errors")
+    .output("ptr", DType::Int64, shape::same({"bounds"}), "(c,) rows of batch below each entry of bounds")
+    .cpu(batch_pointers_kernel);
 
 }  // namespace opbridge

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -283,20 +284,17 @@ struct Run {
   int64_t value, begin, end;
 };
 
-// A sorted batch vector (torch_cluster's batch_x / batch_y) as its runs of equal values, each
-// entry checked non-negative and sorted; absent, every row is item 0. Runs, not a table indexed
-// by item: the largest item number costs nothing, however large.
+// A batch vector (torch_cluster's batch_x / batch_y) as its runs of equal values, checked by the
+// batch-vector rule every op shares (segments.h); absent, every row is item 0. Runs, not a table
+// indexed by item: the largest item number costs nothing, however large.
 std::vector<Run> batch_runs(const TensorView* batch, int64_t rows, const char* name) {
   std::vector<Run> runs;
   if (!batch) {
     if (rows > 0) runs.push_back({0, 0, rows});
     return runs;
   }
-  const int64_t* v = batch->data_as<int64_t>();
+  const std::vector<int64_t> v = batch_vector(*batch, name);
   for (int64_t i = 0; i < rows; ++i) {
-    OB_CHECK(v[i] >= 0, name, "[", i, "] = ", v[i], " is negative");
-    OB_CHECK(i == 0 || v[i] >= v[i - 1], name, " must be sorted, but ", name, "[", i - 1, "] = ", v[i - 1], " > ", name,
-             "[", i, "] = ", v[i]);
     if (i == 0 || v[i] != v[i - 1]) runs.push_back({v[i], i, i});
     runs.back().end = i + 1;
   }
@@ -378,8 +376,19 @@ void run_radius(KernelContext& ctx, const TensorView& x_t, const TensorView& y_t
 void radius_kernel(KernelContext& ctx, const TensorView& x, const TensorView& y, const TensorView* batch_x,
                    const TensorView* batch_y, double r, int64_t max_num_neighbors, TensorView& edge_index) {
   OB_CHECK(x.dim(0) < std::numeric_limits<int32_t>::max(), "x has ", x.dim(0), " rows; at most 2^31 - 2 are supported");
-  if (x.dtype == DType::Float64) return run_radius<double>(ctx, x, y, batch_x, batch_y, r, max_num_neighbors, edge_index);
-  run_radius<float>(ctx, x, y, batch_x, batch_y, r, max_num_neighbors, edge_index);
+  try {
+    if (x.dtype == DType::Float64)
+      return run_radius<double>(ctx, x, y, batch_x, batch_y, r, max_num_neighbors, edge_index);
+    run_radius<float>(ctx, x, y, batch_x, batch_y, r, max_num_neighbors, edge_index);
+  } catch (const std::bad_alloc&) {
+    // The pairs are held until all are found: say how many the radius and the cap allow.
+    int64_t most = 0;
+    if (__builtin_mul_overflow(std::min(max_num_neighbors, x.dim(0)), y.dim(0), &most))
+      most = std::numeric_limits<int64_t>::max();
+    throw Error(detail::concat("out of memory finding the pairs closer than r = ", r, ": up to ", most,
+                               " pairs of 16 bytes (max_num_neighbors = ", max_num_neighbors, " per row of y, ",
+                               y.dim(0), " rows): lower r or max_num_neighbors"));
+  }
 }
 
 void ball_query_offset_kernel(KernelContext& ctx, const TensorView& xyz, const TensorView& offset,
@@ -406,6 +415,21 @@ void ball_query_kernel(KernelContext& ctx, const TensorView& xyz, const TensorVi
                        int64_t nsample, TensorView& idx) {
   if (xyz.dtype == DType::Float64) return run<double>(ctx, xyz, new_xyz, radius, nsample, idx);
   run<float>(ctx, xyz, new_xyz, radius, nsample, idx);
+}
+
+void batch_pointers_kernel(KernelContext&, const TensorView& batch, const TensorView& bounds, const std::string& name,
+                           const std::string& caller, TensorView& ptr) {
+  std::vector<int64_t> v;
+  try {
+    v = batch_vector(batch, name.c_str());
+  } catch (const Error& e) {
+    if (caller.empty()) throw;
+    throw Error(detail::concat(caller, ": ", e.what()));
+  }
+  const int64_t* b = bounds.data_as<int64_t>();
+  int64_t* out = ptr.data_as<int64_t>();
+  for (int64_t i = 0; i < bounds.numel(); ++i)
+    out[i] = static_cast<int64_t>(std::lower_bound(v.begin(), v.end(), b[i]) - v.begin());
 }
 
 }  // namespace opbridge

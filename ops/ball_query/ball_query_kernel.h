@@ -4,6 +4,8 @@
 
 #include <opbridge/kernel_context.h>
 
+#include <string>
+
 namespace opbridge {
 
 // Runs on inputs the spec has already validated: ranks, dtypes, (B, N, 3) and (B, M, 3) points,
@@ -21,5 +23,10 @@ void ball_query_offset_kernel(KernelContext& ctx, const TensorView& xyz, const T
 // Checks what the spec cannot: the batch vectors' values (non-negative, sorted).
 void radius_kernel(KernelContext& ctx, const TensorView& x, const TensorView& y, const TensorView* batch_x,
                    const TensorView* batch_y, double r, int64_t max_num_neighbors, TensorView& edge_index);
+
+// A batch vector's row pointers (ball_query.cc says what it returns). Checks the batch vector's
+// values (non-negative, sorted) by the rule every op shares (segments.h).
+void batch_pointers_kernel(KernelContext& ctx, const TensorView& batch, const TensorView& bounds,
+                           const std::string& name, const std::string& caller, TensorView& ptr);
 
 }  // namespace opbridge

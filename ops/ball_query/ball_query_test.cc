@@ -3,6 +3,7 @@
 #include <opbridge/testing/kernel_harness.h>
 
 #include <algorithm>
+#include <string>
 
 namespace opbridge::testing {
 namespace {
@@ -82,6 +83,38 @@ TEST(BallQueryOffsetKernel, KeepsEveryPointOfASmallBallAndPadsTheRest) {
   std::sort(idx.begin(), idx.begin() + 2);
   EXPECT_EQ(idx, (std::vector<int32_t>{0, 2, -1, -1}));
   EXPECT_EQ(out[1].values<float>()[3], 1e5f);
+}
+
+TEST(BatchPointersKernel, CountsTheRowsBelowEachExample) {
+  // Examples 0..4 with 2, 0, 3, 0, 1 rows; bounds past the last example count every row.
+  Tensor batch = Tensor::of<int64_t>({6}, {0, 0, 2, 2, 2, 4}), bounds = Tensor::of<int64_t>({7}, {0, 1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(run("batch_pointers", {batch, bounds})[0].values<int64_t>(), (std::vector<int64_t>{0, 2, 2, 5, 5, 6, 6}));
+  Tensor b32 = Tensor::of<int32_t>({3}, {1, 1, 1});
+  EXPECT_EQ(run("batch_pointers", {b32, Tensor::of<int64_t>({3}, {0, 1, 2})})[0].values<int64_t>(),
+            (std::vector<int64_t>{0, 0, 3}));
+}
+
+// One rule for every op that takes a batch vector: batch_pointers, radius and segment_coo refuse
+// the same vectors with the same words.
+TEST(BatchVectorRule, EveryOpRefusesANegativeOrUnsortedBatchVector) {
+  const Tensor unsorted = Tensor::of<int64_t>({4}, {0, 1, 0, 1}), negative = Tensor::of<int64_t>({4}, {-1, -1, 0, 0});
+  const Tensor x = Tensor::random<float>({4, 3}, 9), bounds = Tensor::of<int64_t>({3}, {0, 1, 2});
+  const std::string sorted = " must be sorted, but ", below = "[0] = -1 is negative";
+  auto pointers = [&](const Tensor& b) {
+    return error_of([&] { run("batch_pointers", {b, bounds}, {{"name", std::string("batch_x")}}); });
+  };
+  auto radius = [&](const Tensor& b) { return error_of([&] { run("radius", {x, x, b, b}, {{"r", 1.0}}); }); };
+  auto coo = [&](const Tensor& b) {
+    return error_of([&] { run("segment_coo", {x, b}, {{"dim_size", int64_t{2}}, {"reduce", std::string("sum")}}); });
+  };
+  EXPECT_NE(pointers(unsorted).find("batch_x" + sorted + "batch_x[1] = 1 > batch_x[2] = 0"), std::string::npos)
+      << pointers(unsorted);
+  EXPECT_NE(radius(unsorted).find("batch_x" + sorted + "batch_x[1] = 1 > batch_x[2] = 0"), std::string::npos)
+      << radius(unsorted);
+  EXPECT_NE(coo(unsorted).find("index" + sorted + "index[1] = 1 > index[2] = 0"), std::string::npos) << coo(unsorted);
+  EXPECT_NE(pointers(negative).find("batch_x" + below), std::string::npos) << pointers(negative);
+  EXPECT_NE(radius(negative).find("batch_x" + below), std::string::npos) << radius(negative);
+  EXPECT_NE(coo(negative).find("index" + below), std::string::npos) << coo(negative);
 }
 
 }  // namespace

@@ -90,7 +90,7 @@ OPBRIDGE_OP(furthest_point_sampling)
          "repeatedly the point whose squared distance to the points picked so far is largest.")
     .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
     .input("xyz", "T", "(B, N, 3) points", 3)
-    .int_attr("npoint", "points to pick per batch item")
+    .sym_int_attr("npoint", "points to pick per batch item (often computed from N: a graph value in ONNX)")
     .int_attr("tie_threads", 512,
               "equal distances are broken as pointnet2_ops' CUDA block of this many threads breaks them (openpoints: "
               "1024); 0: the lowest index")

@@ -9,6 +9,7 @@
 // a corner outside it contributes nothing and gets no gradient.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "msda_variants.h"
@@ -25,11 +26,10 @@ struct Sample {
   bool interior;        // all four corners inside the level (the common case)
 };
 
-// The sample at normalised (x, y) in a level of h x w positions starting at `start`; false when it
-// lies wholly outside (x * w - 0.5 <= -1 or >= w, alike for y, or NaN): nothing is sampled.
+// The sample at pixel coordinates (x, y) in a level of h x w positions starting at `start`; false
+// when it lies wholly outside (x <= -1 or >= w, alike for y, or NaN): nothing is sampled.
 template <typename T>
-inline bool sample_at(T x_norm, T y_norm, int64_t h, int64_t w, int64_t start, Sample<T>& s) {
-  const T x = x_norm * static_cast<T>(w) - T(0.5), y = y_norm * static_cast<T>(h) - T(0.5);
+inline bool sample_at_pixel(T x, T y, int64_t h, int64_t w, int64_t start, Sample<T>& s) {
   if (!(x > T(-1) && y > T(-1) && x < static_cast<T>(w) && y < static_cast<T>(h))) return false;
   // floor() by truncation (x, y > -1 here): a libm call on the baseline ISA otherwise.
   s.x0 = static_cast<int64_t>(x), s.y0 = static_cast<int64_t>(y);
@@ -43,6 +43,28 @@ inline bool sample_at(T x_norm, T y_norm, int64_t h, int64_t w, int64_t start, S
   s.interior = static_cast<uint64_t>(s.x0) < static_cast<uint64_t>(w - 1) &&
                static_cast<uint64_t>(s.y0) < static_cast<uint64_t>(h - 1);
   return true;
+}
+
+// The sample at normalised (x, y): pixel coordinates x * w - 0.5 and y * h - 0.5 (the forward's).
+template <typename T>
+inline bool sample_at(T x_norm, T y_norm, int64_t h, int64_t w, int64_t start, Sample<T>& s) {
+  return sample_at_pixel(x_norm * static_cast<T>(w) - T(0.5), y_norm * static_cast<T>(h) - T(0.5), h, w, start, s);
+}
+
+// A normalised coordinate in pixels of an axis of `size` positions as grid_sample (align_corners=
+// False) computes it from the grid 2 * norm - 1: fma(grid + 1, size / 2, -0.5), rounded once. The
+// value is x * w - 0.5 either way, but its rounding decides floor() where it falls within an ulp of
+// a whole pixel (a pixel centre such as 1.5 / 5), and with it the side the location gradient is
+// taken from: the backward follows grid_sample's, the forward (continuous there) keeps its own.
+// float: the double product of two floats is exact, and so is the subtraction where the result is
+// near a whole number, so one rounding to float gives the fused result on every instruction set.
+inline float grid_pixel(float norm, int64_t size) {
+  const float g1 = (2.0f * norm - 1.0f) + 1.0f, half = static_cast<float>(size) / 2;
+  return static_cast<float>(static_cast<double>(g1) * static_cast<double>(half) - 0.5);
+}
+inline double grid_pixel(double norm, int64_t size) {
+  const double g1 = (2.0 * norm - 1.0) + 1.0, half = static_cast<double>(size) / 2;
+  return std::fma(g1, half, -0.5);
 }
 
 // Corner c (0..3, as Sample::weight) of a sample: whether it lies inside the level, and its position.
@@ -184,7 +206,8 @@ void backward_heads_d(const Geometry& g, const T* grad_output, const T* value, c
           const int64_t k = l * g.points + p, lh = g.level_h[l], lw = g.level_w[l];
           gl[2 * k] = gl[2 * k + 1] = gw[k] = T(0);
           Sample<T> s;
-          if (!sample_at(loc[2 * k], loc[2 * k + 1], lh, lw, g.level_start[l], s)) continue;
+          if (!sample_at_pixel(grid_pixel(loc[2 * k], lw), grid_pixel(loc[2 * k + 1], lh), lh, lw, g.level_start[l], s))
+            continue;
           // grad_output . (the sample, its derivatives in pixel x and y). The bilinear weights'
           // derivatives in x are -hy, hy, -ly, ly for the four corners, in y -hx, -lx, hx, lx.
           const T dx_of[4] = {-s.hy, s.hy, -s.ly, s.ly}, dy_of[4] = {-s.hx, -s.lx, s.hx, s.lx};

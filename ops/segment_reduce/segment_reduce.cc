@@ -88,7 +88,7 @@ void scatter_signature(OpBuilder& op) {
       .types("I", {DType::Int32, DType::Int64})
       .input("src", "T", "(n, f) rows to reduce", 2)
       .input("index", "I", "(n,) the output row of each row of src, in [0, dim_size)", 1)
-      .int_attr("dim_size", "output rows")
+      .sym_int_attr("dim_size", "output rows (often a node count, x.size(0): a graph value in ONNX)")
       .check(dim("index", 0) == dim("src", 0), "index must have one entry per row of src")
       .check(attr("dim_size") >= 0, "dim_size must be >= 0");
 }

@@ -197,6 +197,9 @@ class TestSegmentCoo(OpTest):
                      r"index must be sorted, but index\[2\] = 3 > index\[3\] = 2", "unsorted_index"),
             BadInput((r([5, 2]), torch.tensor([0, 1, 2, 3, 7])), {"dim_size": 5},
                      r"index\[4\] = 7 is outside \[0, dim_size = 5\)", "index_past_dim_size"),
+            # The batch-vector rule every op shares (batch_pointers, radius): negative ids refused.
+            BadInput((r([5, 2]), torch.tensor([-1, -1, 0, 1, 1])), {"dim_size": 5},
+                     r"index\[0\] = -1 is negative; a batch vector numbers the examples from 0", "negative_index"),
         ],
     )
 

@@ -115,6 +115,37 @@ TEST(ShapeInference, DimsRuleWithOptionalFallbackAndAttrs) {
   EXPECT_NE(error_of([&] { ShapeInference<int64_t>(op, {&x, nullptr}, big_k).run(); }).find("negative size"), std::string::npos);
 }
 
+// A symbolic attribute (computed from sizes by models): the rules take its value as a dimension
+// where one is given, its manifest entry says so, and only an int can be one.
+TEST(SymbolicAttributes, ShapeRulesTakeTheSymbolicValueAndTheManifestMarksIt) {
+  const OpSpec op = spec_of(OpBuilder("pick")
+                                .doc("d")
+                                .types("T", {DType::Float32})
+                                .input("x", "T", "", 2)
+                                .sym_int_attr("n", "picks")
+                                .output("y", "T", shape::dims({dim("x", 0), attr("n") * 2}), "")
+                                .check(attr("n") >= 0, "n must be >= 0")
+                                .cpu(with_k_kernel));
+  EXPECT_EQ(error_of([&] { validate_spec(op); }), "");
+  ASSERT_EQ(op.symbolic_attrs(), (std::vector<size_t>{0}));
+  const Shape x{3, 40};
+  const std::vector<AttrValue> attrs{int64_t{5}};
+  EXPECT_EQ(ShapeInference<int64_t>(op, {&x}, attrs).run()[0], (Shape{3, 10}));
+  const std::vector<std::optional<int64_t>> given{int64_t{7}}, none{std::nullopt};
+  EXPECT_EQ(ShapeInference<int64_t>(op, {&x}, attrs, given).run()[0], (Shape{3, 14}));
+  EXPECT_EQ(ShapeInference<int64_t>(op, {&x}, attrs, none).run()[0], (Shape{3, 10}));
+  // The checks see the symbolic value too.
+  const std::vector<std::optional<int64_t>> negative{int64_t{-1}};
+  EXPECT_EQ(error_of([&] { ShapeInference<int64_t>(op, {&x}, attrs, negative).run(); }), "n must be >= 0, got -1");
+  OpSpec bad = op;
+  bad.attrs[0].kind = AttrKind::Float;
+  EXPECT_NE(error_of([&] { validate_spec(bad); }).find("only an int"), std::string::npos);
+  // Every op's attributes in the manifest: furthest_point_sampling's npoint symbolic, tie_threads not.
+  const std::string m = manifest_json();
+  EXPECT_NE(m.find("\"name\":\"npoint\",\"symbolic\":true"), std::string::npos) << m.substr(0, 300);
+  EXPECT_EQ(m.find("\"name\":\"tie_threads\",\"symbolic\""), std::string::npos);
+}
+
 TEST(ShapeInference, Broadcast) {
   const OpSpec& op = *registry().find("my_add");
   auto infer = [&](Shape a, Shape b) { return ShapeInference<int64_t>(op, {&a, &b}, {}).run()[0]; };
@@ -362,6 +393,43 @@ TEST(KernelContext, NamedDataDependentSizesAgree) {
     else EXPECT_EQ(e, "the kernel gave the data-dependent size 'pairs' two values: 4 (output 'row') and 5 (output "
                       "'col') (a bug in the op's kernel)");
   }
+}
+
+// Every allocation that fails says what it was for: an output (its name, shape and bytes), with
+// the host's own reason when it gave one, or the kernel's working memory (the inputs' shapes).
+TEST(KernelCall, AllocationFailuresNameWhatWasAllocated) {
+  struct RefusingHost final : KernelHost {
+    bool bad_alloc = true;
+    void* output_memory(size_t, DType, const Shape&) override {
+      if (bad_alloc) throw std::bad_alloc();
+      throw std::runtime_error("the allocator said no\nat allocator.cc:12");
+    }
+    void parallel_for(int64_t n, int64_t, ParallelBody body) override { body(0, n); }
+  };
+  OpSpec op = spec_of(OpBuilder("alloc").doc("d").types("T", {DType::Float32}).input("a", "T", "", 1)
+                          .int_attr("k", "").output("y", "T", shape::dims({dim("a", 0), attr("k")}), "")
+                          .cpu(with_k_kernel));
+  std::vector<float> data(3);
+  TensorView a{data.data(), DType::Float32, {3}, {1}};
+  RefusingHost host;
+  const std::vector<AttrValue> attrs{int64_t{1} << 40};
+  EXPECT_EQ(error_of([&] { run_kernel(op, {&a}, attrs, host); }),
+            "output 'y' of shape [3, 1099511627776] (13194139533312 bytes) cannot be allocated: out of memory");
+  host.bad_alloc = false;
+  EXPECT_EQ(error_of([&] { run_kernel(op, {&a}, attrs, host); }),
+            "output 'y' of shape [3, 1099511627776] (13194139533312 bytes) cannot be allocated: the allocator said no");
+  OpSpec greedy = spec_of(OpBuilder("greedy").doc("d").types("T", {DType::Float32}).input("a", "T", "", 1)
+                              .output("y", "T", shape::same({"a"}), "")
+                              .cpu(+[](KernelContext&, const TensorView&, TensorView&) { throw std::bad_alloc(); }));
+  testing::TestHost ok(1, /*threaded=*/false);
+  const std::vector<AttrValue> none;
+  EXPECT_EQ(error_of([&] { run_kernel(greedy, {&a}, none, ok); }),
+            "out of memory: the kernel's working memory for inputs a [3] cannot be allocated");
+  std::vector<const TensorView*> inputs{&a};
+  std::vector<TensorView> outputs;
+  KernelContext ctx(greedy, inputs, outputs, none, ok);
+  EXPECT_EQ(error_of([&] { ctx.scratch(size_t{1} << 62); }),
+            "scratch memory of 4611686018427387904 bytes cannot be allocated: out of memory");
 }
 }  // namespace
 }  // namespace opbridge

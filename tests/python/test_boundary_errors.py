@@ -1,10 +1,13 @@
 """Errors at the boundaries a user crosses: an export that fails (the op's own error, an op nothing
 can translate, any other failure) in one plain line, a model whose custom domain no loaded library
-provides, an op library's PyTorch and ONNX Runtime files passed for each other (told by what
-the files export, not by their names), backward ops called directly with inputs of a wrong dtype,
-rank or shape (eagerly and as ONNX nodes), and double backward through any op with a gradient."""
+provides (or that lacks a function op's FunctionProto), an unknown attribute on an opbridge node,
+an allocation that fails (named by the op and what it was for), an op library's PyTorch and ONNX
+Runtime files passed for each other (told by what the files export, not by their names), backward
+ops called directly with inputs of a wrong dtype, rank or shape (eagerly and as ONNX nodes), and
+double backward through any op with a gradient."""
 
 import ctypes.util
+import json
 import os
 import re
 import shutil
@@ -24,6 +27,7 @@ from op_cases import backward_ops, builtin_ops, op_cases, run_isolated, samples_
 from opbridge._library.kinds import DTYPES
 from opbridge._library.registry import libraries as loaded_libraries
 from opbridge._library.shapes import failed_checks
+from opbridge._runtime.inspect import cannot_run
 from opbridge._tools.testing._cases import ORT_ERRORS
 from opbridge.testing import node_model
 
@@ -180,6 +184,121 @@ def test_session_names_the_op_a_loaded_library_lacks():
     assert str(e.value).startswith(
         f"the model has opbridge::NoSuchOp nodes; op library 'opbridge' ({TORCH_LIB}) provides ONNX domain 'opbridge' "
         "but not opbridge::NoSuchOp: the model was made with another version of the library")
+
+
+def _selu_model():
+    return helper.make_model(helper.make_graph([helper.make_node("Selu", ["x"], ["y"], domain="opbridge")], "g",
+                                               [X], [Y]),
+                             opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("opbridge", 1)],
+                             ir_version=8)
+
+
+def test_a_function_op_without_its_function_body_is_named():
+    m = _selu_model()
+    advice = ("the model lacks the FunctionProto for opbridge::Selu (op library 'opbridge' exports op 'selu' as an "
+              "ONNX function, which ONNX Runtime runs from the model's own functions): export with opbridge.export, "
+              "or add the functions with opbridge.add_functions(model); ONNX Runtime said: ")
+    with pytest.raises(opbridge.OpbridgeError) as e:
+        opbridge.session(m)
+    assert str(e.value).startswith(advice) and "another version" not in str(e.value), str(e.value)
+    assert cannot_run(m) == ["opbridge::Selu (1 node): the model lacks the FunctionProto for opbridge::Selu (opbridge "
+                             "op 'selu', exported as function): export with opbridge.export, or add the functions "
+                             "with opbridge.add_functions(model)"]
+    # The advice holds: with the functions added, the node runs as torch.selu.
+    opbridge.add_functions(m)
+    assert cannot_run(m) == []
+    x = np.array([-1.5, 0.75], np.float32)
+    got = opbridge.session(m).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, torch.selu(torch.from_numpy(x)).numpy(), rtol=1e-6, atol=1e-7)
+
+
+def _knn_query_node(**extra):
+    info = next(op for op in builtin_ops() if op.name == "knn_query")
+    xyz, offset = np.random.default_rng(0).random((8, 3), dtype=np.float32), np.array([8], np.int32)
+    inputs = [xyz, offset, xyz, offset]
+    m = node_model(info, inputs, {"k": 2})
+    m.graph.node[0].attribute.extend(helper.make_attribute(k, v) for k, v in extra.items())
+    return m, dict(zip([i.name for i in info.inputs], inputs))
+
+
+def test_an_unknown_attribute_on_an_opbridge_node_is_named(tmp_path):
+    # ONNX Runtime takes any attribute on a custom op's node and its C API cannot list a node's
+    # attributes, so a misspelt one would run with the op's default: inspect and the export's
+    # runtime check (cannot_run) name it, as ONNX's checker does at export.
+    m, feeds = _knn_query_node(kk=3, radius=0.5)
+    assert cannot_run(m) == [
+        "opbridge::KnnQuery (1 node): opbridge::KnnQuery (node 'knn_query_node') has attributes 'kk', 'radius', "
+        "which op 'knn_query' does not take (its attributes: k): remove or rename it"]
+    with pytest.raises(onnx.checker.ValidationError, match="Unrecognized attribute: kk for operator KnnQuery"):
+        onnx.checker.check_model(m, full_check=True)
+    onnx.save(m, tmp_path / "m.onnx")
+    r = subprocess.run([sys.executable, "-m", "opbridge", "inspect", str(tmp_path / "m.onnx")], capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "python")}, timeout=300)
+    assert r.returncode == 1 and "has attributes 'kk', 'radius', which op 'knn_query' does not take" in \
+        " ".join(r.stdout.split()), r.stdout
+    # Its own attributes only: nothing to say, and the node runs.
+    good, _ = _knn_query_node()
+    assert cannot_run(good) == []
+    assert [o.shape for o in opbridge.session(good).run(None, feeds)] == [(8, 2), (8, 2)]
+
+
+# ---- allocations that fail ------------------------------------------------------------------------
+
+# Run in a child whose address space is capped a little above what it holds once set up, so an
+# allocation that would take the machine's memory fails at once instead (one thread each: no
+# thread pool grows the address space while it runs). Prints each case's error, one JSON line.
+_CAPPED = textwrap.dedent("""\
+    import json, resource, sys
+    import numpy as np, torch
+    import opbridge
+    from opbridge.testing import node_model
+
+    torch.set_num_threads(1)
+    ops = {op.name: op for op in opbridge.builtin.ops}
+    xyz, centres = np.zeros((1, 4, 3), np.float32), np.zeros((1, 2, 3), np.float32)
+    points = np.zeros((4000, 3), np.float32)  # all at one place: every pair is closer than r
+    cases = {
+        "ort_huge_attribute": (node_model(ops["ball_query"], [xyz, centres], {"radius": 0.5, "nsample": 2 ** 37}),
+                               [xyz, centres]),
+        "ort_radius_pairs": (node_model(ops["radius"], [points, points], {"r": 1.0, "max_num_neighbors": 4000}),
+                             [points, points]),
+    }
+    sessions = {k: (opbridge.session(m, threads=1), feeds) for k, (m, feeds) in cases.items()}
+    eager = {"torch_radius_pairs": lambda: torch.ops.opbridge.radius(torch.from_numpy(points), torch.from_numpy(points),
+                                                                      r=1.0, max_num_neighbors=4000)}
+    eager["torch_radius_pairs"]  # nothing runs before the cap
+    with open("/proc/self/status") as f:
+        vm = next(int(ln.split()[1]) for ln in f if ln.startswith("VmSize:")) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (96 << 20), resource.RLIM_INFINITY))
+    for name, (sess, feeds) in sessions.items():
+        try:
+            sess.run(None, {i.name: x for i, x in zip(sess.get_inputs(), feeds)})
+            print(json.dumps([name, "ran"]), flush=True)
+        except Exception as e:
+            print(json.dumps([name, str(e)]), flush=True)
+    for name, f in eager.items():
+        try:
+            f()
+            print(json.dumps([name, "ran"]), flush=True)
+        except Exception as e:
+            print(json.dumps([name, str(e).splitlines()[0]]), flush=True)
+    """)
+
+
+def test_allocations_that_fail_name_the_op_and_what_it_allocated():
+    r = subprocess.run([sys.executable, "-c", _CAPPED], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = dict(json.loads(ln) for ln in r.stdout.splitlines())
+    # An output sized by an attribute, in ONNX Runtime: the output, its shape and its bytes.
+    assert got["ort_huge_attribute"].endswith(
+        "opbridge::ball_query (node 'ball_query_node'): output 'idx' of shape [1, 2, 137438953472] (1099511627776 "
+        "bytes) cannot be allocated: out of memory"), got["ort_huge_attribute"]
+    # The pairs within r, which the kernel holds until it has them all: in both runtimes.
+    pairs = ("out of memory finding the pairs closer than r = 1: up to 16000000 pairs of 16 bytes (max_num_neighbors "
+             "= 4000 per row of y, 4000 rows): lower r or max_num_neighbors")
+    assert got["ort_radius_pairs"].endswith(f"opbridge::radius (node 'radius_node'): {pairs}"), got["ort_radius_pairs"]
+    assert got["torch_radius_pairs"] == f"opbridge::radius: {pairs}", got["torch_radius_pairs"]
 
 
 @needs_runner

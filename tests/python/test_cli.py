@@ -215,6 +215,19 @@ def test_export_writes_a_dynamic_model_and_a_summary(exported):
     assert "ai.onnx 1, opbridge 2 (3 nodes)" in r.stdout
     assert f"({path.stat().st_size} bytes)" in r.stdout
     assert "[opbridge] exporting with the dynamo exporter" in r.stderr
+    assert "dynamic    dynamic axes proven at a second size (derived): batch: 4 -> 8" in r.stdout
+
+
+def test_export_refuses_a_model_wrong_at_a_second_size_unless_told(work):
+    (work / "baked.py").write_text("import torch\n\n\nclass Baked(torch.nn.Module):\n    def forward(self, xyz):\n"
+                                   "        return torch.ops.opbridge.ball_query(xyz, xyz, 0.3, xyz.shape[1] // 4)\n")
+    args = ("export", work / "baked.py:Baked", "-o", work / "baked.onnx", "--input", "xyz=2x64x3:float32",
+            "--dynamic", "xyz:1:n", "--exporter", "torchscript")
+    r = run(*args)
+    assert r.returncode != 0 and "wrong at a second size" in r.stderr and "nsample=16" in r.stderr, r.stderr
+    assert not (work / "baked.onnx").exists()
+    r = run(*args, "--no-prove-dynamic")
+    assert r.returncode == 0, r.stderr
 
 
 def test_export_with_torchscript_and_an_opset(work):
@@ -542,14 +555,8 @@ def test_bad_input_files_are_one_line_errors(exported, work, tmp_path, capsys):
         (["export", "blocks.py:make", "-o", tmp_path / "b.onnx", "--input", "x=2xq:float32"], 2,
          r"SHAPE must be sizes joined by 'x'"),
     ]:
-        try:
-            rc = cli.main([str(a) for a in argv])
-        except SystemExit as e:
-            rc = e.code
-        err = capsys.readouterr().err
-        lines = [ln for ln in err.splitlines() if not ln.startswith("[opbridge] ")]
-        assert rc == code and len(lines) == 1 and lines[0].startswith("opbridge: error: "), (argv, err)
-        assert re.search(pattern, lines[0]) and "Traceback" not in err, (argv, lines[0])
+        rc, line = _one_line(argv, capsys)
+        assert rc == code and re.search(pattern, line), (argv, line)
 
 
 @pytest.mark.parametrize("argv, code, pattern", [
@@ -604,6 +611,71 @@ def test_failures_in_user_code_and_data(exported, work, tmp_path, capsys):
         assert rc in (1, 2) and len(lines) == 1 and lines[0].startswith("opbridge: error: "), (argv, err)
         assert re.search(pattern, lines[0]), (argv, lines[0])
         assert "Traceback" not in err
+
+
+def _one_line(argv, capsys):
+    """cli.main in-process: its exit status and its one error line."""
+    try:
+        rc = cli.main([str(a) for a in argv])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if not ln.startswith("[opbridge] ")]
+    assert len(lines) == 1 and lines[0].startswith("opbridge: error: ") and "Traceback" not in err, (argv, err)
+    return rc, lines[0]
+
+
+def test_export_checks_the_output_path_before_exporting(work, tmp_path, capsys):
+    # broken() raises when called: an error about -o shows that the path was judged first, before
+    # the model was built (let alone exported).
+    (tmp_path / "out").mkdir()
+    (tmp_path / "plain").write_text("")
+    os.mkfifo(tmp_path / "pipe")
+    factory = f"{work / 'blocks.py'}:broken"
+    for output, pattern in [
+        (tmp_path / "out", rf"-o {re.escape(str(tmp_path / 'out'))} is a directory: give the path of the \.onnx "
+                           rf"file to write \(e\.g\. {re.escape(str(tmp_path / 'out' / 'model.onnx'))}\)"),
+        (tmp_path / "pipe", r"-o .*pipe is a FIFO \(named pipe\): give the path of the \.onnx file"),
+        (tmp_path / "plain" / "m.onnx", r"-o .*plain/m\.onnx: .*plain is a regular file, not a folder"),
+        (tmp_path / "nowhere" / "m.onnx", r"-o .*nowhere/m\.onnx: folder .*nowhere does not exist"),
+    ]:
+        rc, line = _one_line(["export", factory, "-o", output, "--input", "x=2:float32"], capsys)
+        assert rc == 1 and re.search(pattern, line), line
+    assert list((tmp_path / "out").iterdir()) == []
+    # A regular file is replaced as before: the factory then runs (and here fails).
+    rc, line = _one_line(["export", factory, "-o", tmp_path / "plain", "--input", "x=2:float32"], capsys)
+    assert rc == 1 and "broken() raised ValueError: no weights here" in line
+
+
+def test_verify_refuses_npz_arrays_the_model_does_not_take(exported, work, tmp_path, capsys):
+    path, _ = exported
+    x = np.ones((3, 8), np.float32)
+    np.savez(tmp_path / "named.npz", x=x, y=x, z=x, w=x)
+    np.savez(tmp_path / "positional.npz", x, x, x)
+    for npz, pattern in [
+        ("named.npz", r"named\.npz has 'z', 'w', which the model does not take \(the model's inputs are x, y\)$"),
+        ("positional.npz", r"positional\.npz has 'arr_2', which the model does not take \(the model's inputs are "
+                           r"x, y, given as arr_0, arr_1\)$"),
+    ]:
+        rc, line = _one_line(["verify", path, "--torch", f"{work / 'blocks.py'}:Block", "--inputs", tmp_path / npz],
+                             capsys)
+        assert rc == 1 and re.search(pattern, line), line
+
+
+def test_a_fifo_is_named_as_such_without_blocking(exported, work, tmp_path):
+    # Through real processes with a timeout: opening the FIFO would block until a writer came.
+    path, _ = exported
+    os.mkfifo(tmp_path / "model.onnx")
+    os.mkfifo(tmp_path / "in.npz")
+    for argv, pattern in [
+        (["inspect", tmp_path / "model.onnx"], r"model\.onnx is a FIFO \(named pipe\), not a regular file"),
+        (["graph", tmp_path / "model.onnx", "-o", tmp_path / "g.dot"], r"model\.onnx is a FIFO \(named pipe\)"),
+        (["verify", path, "--torch", work / "blocks.py:Block", "--inputs", tmp_path / "in.npz"],
+         r"--inputs .*in\.npz is a FIFO \(named pipe\), not a regular file"),
+    ]:
+        r = subprocess.run([sys.executable, "-m", "opbridge", *map(str, argv)], capture_output=True, text=True,
+                           env=ENV, timeout=120)
+        assert_one_line_error(r, 1, pattern)
 
 
 def test_verbose_adds_the_traceback(tmp_path):

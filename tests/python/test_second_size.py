@@ -15,11 +15,12 @@ import torch
 import opbridge
 
 
-class BakedNpoint(torch.nn.Module):
-    """npoint computed from the point count: the TorchScript trace writes it as a fixed attribute."""
+class BakedK(torch.nn.Module):
+    """nsample computed from the point count (an attribute not declared symbolic): the TorchScript trace
+    writes it as a fixed attribute, the dynamo exporter specializes the count."""
 
     def forward(self, xyz):
-        return torch.ops.opbridge.furthest_point_sampling(xyz, xyz.shape[1] // 4, tie_threads=0)
+        return torch.ops.opbridge.ball_query(xyz, xyz, 0.3, xyz.shape[1] // 4)
 
 
 class Loop(torch.nn.Module):
@@ -52,26 +53,25 @@ def test_a_baked_attribute_is_refused_naming_axis_sizes_output_and_attribute():
     xyz = torch.rand(2, 64, 3)
     kw = dict(input_names=["xyz"], dynamic_axes={"xyz": {1: "n"}})
     with pytest.raises(opbridge.OpbridgeError) as e:
-        _export(BakedNpoint(), (xyz,), "torchscript", **kw)
+        _export(BakedK(), (xyz,), "torchscript", **kw)
     text = str(e.value)
-    for part in ("second size", "input 'xyz'", "axis 1 ('n')", "exported at 64, run at 128", "output 'idx'",
-                 "shape [2, 16] in ONNX Runtime, [2, 32] eagerly", "FurthestPointSampling", "npoint=16 (= n 64 / 4)",
+    for part in ("second size", "input 'xyz'", "axis 1 ('n')", "exported at 64, run at 128", "shape [2, 128, 16] in ONNX Runtime, [2, 128, 32] eagerly", "BallQuery", "nsample=16 (= n 64 / 4)",
                  "TorchScript", "check_args", "prove_dynamic=False"):
         assert part in text, (part, text)
     # Without the proof the export goes through, and is wrong at 128 points.
-    proto = _export(BakedNpoint(), (xyz,), "torchscript", prove_dynamic=False, **kw)
+    proto = _export(BakedK(), (xyz,), "torchscript", prove_dynamic=False, **kw)
     got = opbridge.session(proto).run(None, {"xyz": torch.rand(2, 128, 3).numpy()})[0]
-    assert got.shape == (2, 16)  # eager picks 32
+    assert got.shape == (2, 128, 16)  # eager takes 32 per ball
 
 
 def test_the_dynamo_exporter_refuses_the_same_model_with_torch_exports_guards():
     with pytest.raises(opbridge.OpbridgeError) as e:
-        _export(BakedNpoint(), (torch.rand(2, 64, 3),), "dynamo", input_names=["xyz"], dynamic_axes={"xyz": {1: "n"}})
+        _export(BakedK(), (torch.rand(2, 64, 3),), "dynamo", input_names=["xyz"], dynamic_axes={"xyz": {1: "n"}})
     text = str(e.value)
     assert "axis 1 of input 'xyz'" in text and "fixed to 64" in text
     # The guard the model's code generated, and the line that generated it.
     assert "torch.export's guards on those sizes" in text and "//4), 16) at " in text, text
-    assert "test_second_size.py:" in text and "xyz.shape[1] // 4" in text, text
+    assert "test_second_size.py:" in text and "xyz.shape[1] // 4)" in text, text
 
 
 def test_an_unrolled_loop_is_refused():
@@ -134,7 +134,7 @@ class DictInput(torch.nn.Module):
 class DictInputBaked(torch.nn.Module):
     def forward(self, data):
         pos = data["pos"]
-        return torch.ops.opbridge.furthest_point_sampling(pos, pos.shape[1] // 4), data["x"] * 2
+        return torch.ops.opbridge.ball_query(pos, pos, 0.3, pos.shape[1] // 4), data["x"] * 2
 
 
 def test_dynamic_axes_name_tensors_inside_a_dict_and_are_proven(caplog):
@@ -157,3 +157,32 @@ def test_dynamic_shapes_that_the_model_fixes_are_refused_naming_the_path():
     assert "axis 1 of input" in text and "(args[0]['pos']) is fixed to 64" in text, text
     assert "L['data']['pos'].size()[1]//4), 16) at" in text, text  # torch.export's guard, with its line
     _export(DictInput(), (data,), "dynamo", dynamic_shapes=({"pos": {1: n}, "x": {1: n}},))
+
+
+def test_verify_proves_the_graphs_dynamic_axes_too():
+    xyz = torch.rand(2, 64, 3)
+    kw = dict(input_names=["xyz"], dynamic_axes={"xyz": {1: "n"}})
+    baked = _export(BakedK(), (xyz,), "torchscript", prove_dynamic=False, **kw)
+    report = opbridge.verify(BakedK(), (xyz,), baked)
+    assert all(o.ok for o in report.outputs)  # right at the example ...
+    assert not report.ok and "nsample=16" in report.second_size and "SECOND SIZE" in report.table()  # ... not at 128
+    assert opbridge.verify(BakedK(), (xyz,), baked, prove_dynamic=False).ok
+    sound = _export(Sound(), (torch.rand(3, 4), torch.rand(3, 4)), "dynamo", input_names=["x", "y"],
+                    dynamic_axes={"x": {0: "b"}, "y": {0: "b"}})
+    report = opbridge.verify(Sound(), (torch.rand(3, 4), torch.rand(3, 4)), sound,
+                             check_args=(torch.rand(9, 4), torch.rand(9, 4)))
+    assert report.ok and "b: 3 -> 9" in report.second_size, report
+
+
+class RandomStart(torch.nn.Module):
+    def forward(self, src, ptr):
+        return torch.ops.opbridge.furthest_point_sampling_ratio(src, ptr, ratio=0.5, random_start=True)
+
+
+def test_outputs_random_by_declaration_are_held_to_dtype_and_rank_at_the_second_size():
+    src = torch.rand(40, 3)
+    ptr = torch.tensor([0, 40])
+    kw = dict(input_names=["src", "ptr"], dynamic_axes={"src": {0: "n"}})
+    # Random picks differ between runs; the proof must not call that a wrong model.
+    proto = _export(RandomStart(), (src, ptr), "dynamo", check_args=(torch.rand(60, 3), torch.tensor([0, 60])), **kw)
+    assert proto is not None

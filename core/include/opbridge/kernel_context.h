@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -45,6 +46,11 @@ class KernelHost {
   // pool (at::parallel_for in PyTorch, KernelContext_ParallelFor in ONNX Runtime).
   virtual void parallel_for(int64_t n, int64_t grain, ParallelBody body) = 0;
 };
+
+// host.output_memory(i, ...) for the output named `name`, its size checked first; a failure
+// (std::bad_alloc, or the host's own error) becomes an Error naming the output, its shape and its
+// bytes, as every allocation of an output must.
+void* output_memory(KernelHost& host, size_t i, DType dtype, const Shape& shape, const std::string& name);
 
 template <typename T> struct KernelParam;
 template <typename V, ParamKind K> struct AttrParam;

@@ -106,6 +106,11 @@ class OpBuilder {
   // Attributes, typed so that a literal default can never pick the wrong kind.
   OpBuilder& int_attr(std::string name, std::string doc) { return attr(std::move(name), AttrKind::Int, std::nullopt, std::move(doc)); }
   OpBuilder& int_attr(std::string name, int64_t def, std::string doc) { return attr(std::move(name), AttrKind::Int, AttrValue{def}, std::move(doc)); }
+  // An int attribute that models compute from input sizes (npoint = N // 4): exported as a graph
+  // value (a trailing input of the node) when the exporter sees it computed, so the model stays
+  // right at every size; see AttrSpec::symbolic.
+  OpBuilder& sym_int_attr(std::string name, std::string doc) { return attr(std::move(name), AttrKind::Int, std::nullopt, std::move(doc), true); }
+  OpBuilder& sym_int_attr(std::string name, int64_t def, std::string doc) { return attr(std::move(name), AttrKind::Int, AttrValue{def}, std::move(doc), true); }
   OpBuilder& float_attr(std::string name, std::string doc) { return attr(std::move(name), AttrKind::Float, std::nullopt, std::move(doc)); }
   OpBuilder& float_attr(std::string name, double def, std::string doc) { return attr(std::move(name), AttrKind::Float, AttrValue{def}, std::move(doc)); }
   OpBuilder& ints_attr(std::string name, std::string doc) { return attr(std::move(name), AttrKind::Ints, std::nullopt, std::move(doc)); }
@@ -202,8 +207,8 @@ class OpBuilder {
   OpSpec build() && { return std::move(spec_); }
 
  private:
-  OpBuilder& attr(std::string name, AttrKind kind, std::optional<AttrValue> def, std::string doc) {
-    spec_.attrs.push_back({std::move(name), kind, std::move(def), std::move(doc)});
+  OpBuilder& attr(std::string name, AttrKind kind, std::optional<AttrValue> def, std::string doc, bool symbolic = false) {
+    spec_.attrs.push_back({std::move(name), kind, std::move(def), std::move(doc), symbolic});
     return *this;
   }
   OpSpec spec_;

@@ -30,6 +30,10 @@ struct AttrSpec {
   AttrKind kind;
   std::optional<AttrValue> default_value;  // nullopt: required
   std::string doc;
+  // An int attribute that models compute from input sizes (FPS's npoint = N // 4): PyTorch types
+  // it SymInt, so torch.export keeps the size symbolic, and an ONNX node may give it as an int64
+  // scalar input after the op's own inputs ("<name>_value") instead of the attribute.
+  bool symbolic = false;
 };
 
 // ---- dimension expressions (shape rules) ---------------------------------------------------
@@ -249,6 +253,9 @@ struct OpSpec {
   const TypeConstraint& type(const std::string& name) const;
   int input_index(std::string_view name) const;  // -1 when absent
   int attr_index(std::string_view name) const;
+  // The attributes an ONNX node may give as inputs (AttrSpec::symbolic), by attribute index, in
+  // order: the node's input op.inputs.size() + k carries symbolic_attrs()[k].
+  std::vector<size_t> symbolic_attrs() const;
   bool defines_torch_op() const { return existing_torch_op.empty(); }
   bool has_data_dependent_output() const;
   // The validation-only op the torch adapter defines beside an op with a data-dependent output

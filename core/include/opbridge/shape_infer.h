@@ -67,6 +67,11 @@ class ShapeInference {
   // they must outlive the ShapeInference (a temporary in the expression that runs it does).
   ShapeInference(const OpSpec& op, const std::vector<const Dims*>& in, const std::vector<AttrValue>& attrs)
       : op_(op), in_(in), attrs_(attrs) {}
+  // `symbolic[i]`, where set, is the value of int attribute i as a dimension (a size PyTorch's
+  // Meta kernel only knows symbolically, AttrSpec::symbolic), and replaces attrs[i] in the rules.
+  ShapeInference(const OpSpec& op, const std::vector<const Dims*>& in, const std::vector<AttrValue>& attrs,
+                 const std::vector<std::optional<D>>& symbolic)
+      : op_(op), in_(in), attrs_(attrs), symbolic_(&symbolic) {}
 
   std::vector<Dims> run() const {
     std::vector<Dims> out;
@@ -109,7 +114,11 @@ class ShapeInference {
         OB_CHECK(a >= 0 && a < r, "input '", n.inputs.front(), "' has rank ", r, "; shape rule needs axis ", n.value);
         return (*s)[static_cast<size_t>(a)];
       }
-      case K::Attr: return T::from(std::get<int64_t>(attrs_.at(op_.attr_index(n.name))));
+      case K::Attr: {
+        const size_t i = static_cast<size_t>(op_.attr_index(n.name));
+        if (symbolic_ && i < symbolic_->size() && (*symbolic_)[i]) return *(*symbolic_)[i];
+        return T::from(std::get<int64_t>(attrs_.at(i)));
+      }
       case K::AttrAt: {
         const auto& v = std::get<std::vector<int64_t>>(attrs_.at(op_.attr_index(n.name)));
         OB_CHECK(n.value < static_cast<int64_t>(v.size()), "attribute '", n.name, "' needs at least ",
@@ -217,6 +226,7 @@ class ShapeInference {
   const OpSpec& op_;
   const std::vector<const Dims*>& in_;
   const std::vector<AttrValue>& attrs_;
+  const std::vector<std::optional<D>>* symbolic_ = nullptr;
 };
 
 }  // namespace opbridge

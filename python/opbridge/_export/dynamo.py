@@ -8,6 +8,7 @@ import contextlib
 import inspect
 from typing import Callable
 
+import onnx_ir
 import onnxscript
 import torch
 
@@ -32,11 +33,22 @@ def _dtype(value) -> str | None:
     return None if dtype is None else _DTYPE_NAMES.get(int(dtype))
 
 
+def _int64(value):
+    """A symbolic attribute's graph value as the int64 scalar the node takes."""
+    if _dtype(value) in (None, "int64"):
+        return value
+    return onnxscript.values.Opset("", STANDARD_OPSET_VERSION).Cast(value, to=DTYPES["int64"].onnx)
+
+
 def _translation(op: OpInfo, options: ExportOptions) -> Callable:
     def translate(*args, **kwargs):
         inputs, attrs = split_args(op, args, dict(kwargs))
         target = choose_target(op, options, input_dtypes(op, [None if v is None else _dtype(v) for v in inputs]))
-        inputs, onnx_attrs = map_call(op, target, inputs, attrs, lambda v: v is None)
+        # A symbolic attribute arrives as a graph value where torch.export kept the size it was
+        # computed from symbolic (a SymInt): map_call makes it the node's input.
+        attrs = {k: _int64(v) if isinstance(v, onnx_ir.Value) else v for k, v in attrs.items()}
+        inputs, onnx_attrs = map_call(op, target, inputs, attrs, lambda v: v is None,
+                                      lambda v: isinstance(v, onnx_ir.Value))
         version = max(STANDARD_OPSET_VERSION, options.opset) if target.standard else domain_version(target)
         emit = getattr(onnxscript.values.Opset(target.domain, version), target.op_type)
         return emit(*inputs, **{k: ATTR_KINDS[kind].onnxscript_value(k, v) for k, (kind, v) in onnx_attrs.items()})

@@ -17,6 +17,7 @@ from .._library.errors import OpbridgeError
 from .._library.kinds import positional, tensor_leaves
 from .._runtime.inspect import cannot_run
 from .._runtime.second_size import prove
+from .._runtime.verify import random_outputs
 from .dynamo import DEFAULT_DYNAMO_OPSET, reused_torchlib_registry, translation_table
 from .functions import add_functions
 from .graph_inputs import check_dynamic_axes, check_dynamic_shapes, check_inputs, dynamic_shapes_from_axes
@@ -29,6 +30,7 @@ from .rules import ExportOptions
 from .repairs import agree_input_types, squeeze_only_ones
 from .substitution import substitutions
 from .torchscript import custom_opsets, options_requested, torchscript_exporter_available
+from .traced_sizes import traced_sizes
 
 EXPORTERS = ("dynamo", "torchscript")
 DEFAULT_TORCHSCRIPT_OPSET = 17
@@ -178,7 +180,7 @@ def export(
             model, args = KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
         buf = io.BytesIO()
         with isolated(verbose, native_output=True) as caught, op_errors(), _missing_ops(), \
-                options_requested(custom_nodes, portable), substitutions(*_modules(model)):
+                options_requested(custom_nodes, portable), traced_sizes(), substitutions(*_modules(model)):
             torch.onnx.export(model, _torch_args(args), buf, dynamo=False, do_constant_folding=optimize,
                               opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
                               input_names=names, output_names=outs, dynamic_axes=dynamic_axes, verbose=verbose)
@@ -202,7 +204,7 @@ def export(
     if prove_dynamic and check_runtime:
         with substitutions(*_modules(call[0])):  # the model runs eagerly as it was traced
             prove(*call, proto, check_args=check_args, check_kwargs=check_kwargs, input_names=names,
-                  exporter=exporter, rtol=1e-5, atol=1e-6)
+                  exporter=exporter, rtol=1e-5, atol=1e-6, random=set(random_outputs(proto)))
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import re
-import warnings
+from pathlib import Path
 
 import torch
 
-from .._library.errors import OpbridgeError
+from .._library.errors import OpbridgeError, exception_chain
 from .._library.registry import libraries
 from .foreign import failed_in_package
-from .substitution import unsubstituted
+from .substitution import substitution_rules
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes in the dynamo exporter's messages
 
@@ -21,7 +21,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes in the dynamo expor
 @contextlib.contextmanager
 def op_errors():
     """An error raised inside an autograd.Function no substitution rule covers names it and where
-    the model calls it (substitution.unsubstituted). An op's own error ("<ns>::<op>: reason") or
+    the model calls it (unsubstituted). An op's own error ("<ns>::<op>: reason") or
     opbridge's, raised while an exporter traces the model, is re-raised as itself, not under layers of exporter errors; another failure the dynamo
     exporter wraps ("Failed to ... Next steps:") becomes its step, node and root cause, in a line."""
     try:
@@ -72,16 +72,29 @@ def _data_dependent(root: BaseException) -> str:
             f"or change the condition (torch._check(...) to state what holds, torch.cond for a real branch).")
 
 
-def trace_warnings(caught: list) -> None:
-    """The TorchScript trace's TracerWarnings, the ones that explain a graph fixed to the example
-    (a tensor read as a Python number or bool, a condition taken once): re-issued once per place in
-    the model's code, on one line, where the rest of the exporters' warnings stay hidden."""
-    seen = set()
-    for w in caught:
-        if not issubclass(w.category, torch.jit.TracerWarning):
-            continue
-        first = str(w.message).strip().split(". ")[0].rstrip(".")
-        if (w.filename, w.lineno, first) not in seen:
-            seen.add((w.filename, w.lineno, first))
-            warnings.warn_explicit(f"the TorchScript trace fixed a value here: {first}", torch.jit.TracerWarning,
-                                   w.filename, w.lineno)
+_TORCH_DIR = str(Path(torch.__file__).parent)  # frames of PyTorch's own code
+
+
+def unsubstituted(error: BaseException) -> str | None:
+    """When `error` (or an exception it wraps) was raised inside an autograd.Function's forward
+    that no rule covers, what to say: the Function, where it is defined, where the model called
+    it, and how to add a rule. None otherwise."""
+    for cur, frames in exception_chain(error):
+        for k in range(len(frames) - 1, -1, -1):  # the innermost Function forward
+            ctx = frames[k].f_locals.get("ctx") if frames[k].f_code.co_name == "forward" else None
+            cls = getattr(ctx, "_forward_cls", None)
+            if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
+                continue
+            target = f"{cls.__module__}.{cls.__qualname__}"
+            if target in {r.target for r in substitution_rules()}:
+                return None
+            callers = [f for f in frames[:k] if not f.f_code.co_filename.startswith(_TORCH_DIR)]
+            call = f" at {callers[-1].f_code.co_filename}:{callers[-1].f_lineno}" if callers else ""
+            where = f"{frames[k].f_code.co_filename}:{frames[k].f_code.co_firstlineno}"
+            return (f"the model calls the Python-level operator {target} (an autograd.Function, its forward at {where})"
+                    f"{call}; it failed with {type(cur).__name__}: {str(cur).strip().splitlines()[0] if str(cur).strip() else ''}"
+                    f"\nNo substitution rule covers it. Add one that computes it on opbridge's or PyTorch's ops, with "
+                    f"the arguments of its forward (without ctx):\n  @opbridge.substitute({target!r})\n  def "
+                    f"{cls.__name__.lower()}(...): ...\nor declare it in an op's definition with "
+                    f"OpBuilder::replaces (docs/authoring.md).")
+    return None

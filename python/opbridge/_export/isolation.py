@@ -19,7 +19,7 @@ through on any thread that is not exporting quietly):
 - warnings: a filter entry at the front of warnings.filters that matches only on an exporting
   thread ("always", so every warning of the export is seen whatever the other filters say) and a
   hook on warnings' display that collects them there. When the export ends, the TorchScript
-  trace's TracerWarnings are re-issued as failures.trace_warnings says; warnings raised in the
+  trace's TracerWarnings are re-issued as trace_warnings (below) says; warnings raised in the
   model's own code (anything not attributed to PyTorch, ONNX, onnxscript, the standard library or
   opbridge's export code) are re-issued to the caller, once each, through the caller's filters.
 - the TorchScript exporter's ONNX log: PyTorch writes it from C++ to the process's stdout, and
@@ -46,7 +46,6 @@ from typing import Iterator
 
 import torch
 
-from .failures import trace_warnings
 
 _LOCAL = threading.local()  # .exporting: exports running on this thread; .quiet: list of caught warnings lists
 _EXPORT_LOCK = threading.RLock()  # one export at a time, process-wide
@@ -289,3 +288,18 @@ def _install_hooks(native_output: bool) -> None:
     _hook_warnings()
     if native_output:
         _route_onnx_log()
+
+
+def trace_warnings(caught: list) -> None:
+    """The TorchScript trace's TracerWarnings, the ones that explain a graph fixed to the example
+    (a tensor read as a Python number or bool, a condition taken once): re-issued once per place in
+    the model's code, on one line, where the rest of the exporters' warnings stay hidden."""
+    seen = set()
+    for w in caught:
+        if not issubclass(w.category, torch.jit.TracerWarning):
+            continue
+        first = str(w.message).strip().split(". ")[0].rstrip(".")
+        if (w.filename, w.lineno, first) not in seen:
+            seen.add((w.filename, w.lineno, first))
+            warnings.warn_explicit(f"the TorchScript trace fixed a value here: {first}", torch.jit.TracerWarning,
+                                   w.filename, w.lineno)

@@ -159,9 +159,13 @@ def attribute_value(op: OpInfo, attrs: dict[str, Any], name: str):
 
 
 def map_call(op: OpInfo, target: ExportRule, inputs: list[Any], attrs: dict[str, Any],
-             is_none: Callable[[Any], bool]) -> tuple[list[Any], dict[str, tuple[str, Any]]]:
+             is_none: Callable[[Any], bool],
+             is_graph_value: Callable[[Any], bool] | None = None) -> tuple[list[Any], dict[str, tuple[str, Any]]]:
     """The op's call arguments as the target node's: inputs with None for empty slots, and
-    attributes {name: (kind, value)}."""
+    attributes {name: (kind, value)}. An attribute value the graph computes (is_graph_value: a
+    size the exporter traced) becomes the target's input for that attribute, after its own
+    inputs, where the target's op declares the attribute symbolic; elsewhere the export is refused,
+    since a constant would hold the example's value at every size."""
     by_name = {i.name: v for i, v in zip(op.inputs, inputs)}
     out_inputs = []
     for slot in target.inputs:
@@ -174,11 +178,15 @@ def map_call(op: OpInfo, target: ExportRule, inputs: list[Any], attrs: dict[str,
     while out_inputs and out_inputs[-1] is None:  # omitted trailing inputs are simply left off
         out_inputs.pop()
     out_attrs: dict[str, tuple[str, Any]] = {}
+    computed: dict[str, Any] = {}
     for a in target.attributes:
         if a.fixed:
             out_attrs[a.name] = (a.kind, a.value)
             continue
         values = [attribute_value(op, attrs, f) for f in a.sources]
+        if is_graph_value is not None and any(v is not None and is_graph_value(v) for v in values):
+            computed[a.name] = _computed_input(op, target, a, values)
+            continue
         if any(v is None for v in values):
             continue  # left to the target's default; the checker reports a missing required one
         if len(values) == 1:
@@ -188,4 +196,32 @@ def map_call(op: OpInfo, target: ExportRule, inputs: list[Any], attrs: dict[str,
             for v in values:
                 flat += list(v) if isinstance(v, (list, tuple)) else [int(v) if isinstance(v, bool) else v]
             out_attrs[a.name] = (a.kind, flat)
+    if computed:
+        node_op = _target_op(op, target)
+        out_inputs += [None] * (len(node_op.inputs) - len(out_inputs))
+        out_inputs += [computed.get(a.name) for a in node_op.symbolic_attributes]
+        while out_inputs and out_inputs[-1] is None:
+            out_inputs.pop()
     return out_inputs, out_attrs
+
+
+def _target_op(op: OpInfo, target: ExportRule) -> OpInfo | None:
+    """The opbridge op whose own node the target is (None: a standard op or another runtime's node)."""
+    if not target.opbridge:
+        return None
+    if target.opbridge_op == op.qualified_name:
+        return op
+    return next((o for o in all_ops() if o.qualified_name == target.opbridge_op and o.defines_torch_op), None)
+
+
+def _computed_input(op: OpInfo, target: ExportRule, a: RuleAttribute, values: list) -> Any:
+    """The graph value that gives target attribute `a`, or the refusal naming why it cannot."""
+    node_op = _target_op(op, target)
+    sources = ", ".join(f"'{s}'" for s in a.sources)
+    if node_op is None or len(values) != 1 or not any(s.name == a.name for s in node_op.symbolic_attributes):
+        raise OpbridgeError(
+            f"{op.qualified_name}: attribute {sources} is computed in the graph (from an input's size, e.g. a "
+            f"dynamic axis) but {target} takes '{a.name}' only as a constant attribute, which would hold the "
+            "example's value at every size. Compute it from constants, keep that axis static, or declare the "
+            "attribute with .sym_int_attr() in an op whose own node is written (docs/authoring.md)")
+    return values[0]

@@ -18,13 +18,18 @@ def _attribute(a: AttributeInfo) -> defs.OpSchema.Attribute:
     kind = ATTR_KINDS[a.kind]
     if a.has_default:
         return defs.OpSchema.Attribute(a.name, kind.attribute_proto(a.name, a.default), a.doc)
-    return defs.OpSchema.Attribute(a.name, kind.schema_type, a.doc, required=True)
+    # A symbolic attribute may come as the node's input instead: the runtime requires one of them.
+    return defs.OpSchema.Attribute(a.name, kind.schema_type, a.doc, required=not a.symbolic)
 
 
 def schema_for(op: OpInfo) -> defs.OpSchema:
     P = defs.OpSchema.FormalParameter
     opt = defs.OpSchema.FormalParameterOption
     inputs = [P(i.name, i.type, i.doc, param_option=opt.Optional if i.optional else opt.Single) for i in op.inputs]
+    # A symbolic attribute computed in the graph (from input sizes) is an int64 scalar input after
+    # the op's own, "<attribute>_value" (onnxscript wants input and attribute names apart).
+    inputs += [P(f"{a.name}_value", "tensor(int64)", f"attribute {a.name} as a graph value (a scalar); else the attribute",
+                 param_option=opt.Optional) for a in op.symbolic_attributes]
     outputs = [P(o.name, o.type, o.doc) for o in op.outputs]
     constraints = [(t.name, [DTYPES[d].onnx_type for d in t.dtypes], "") for t in op.types]
     return defs.OpSchema(

@@ -35,12 +35,11 @@ import sys
 import threading
 import types
 import warnings
-from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import torch
 
-from .._library.errors import OpbridgeError, exception_chain
+from .._library.errors import OpbridgeError
 from .._library.manifest import OpInfo, PythonOperator
 from .._library.registry import libraries
 
@@ -56,7 +55,6 @@ class Substitution:
 
 
 _RULES: dict[str, Substitution] = {}
-_TORCH_DIR = str(Path(torch.__file__).parent)  # frames of PyTorch's own code
 _COMPAT = "opbridge.compat."  # the drop-in modules (opbridge.compat.install)
 
 
@@ -398,28 +396,3 @@ def substitutions(*models, only: Iterable[str] | None = None) -> Iterator[list[s
         frames.remove(frame)
         with _LOCK:
             _release(used, held)
-
-
-def unsubstituted(error: BaseException) -> str | None:
-    """When `error` (or an exception it wraps) was raised inside an autograd.Function's forward
-    that no rule covers, what to say: the Function, where it is defined, where the model called
-    it, and how to add a rule. None otherwise."""
-    for cur, frames in exception_chain(error):
-        for k in range(len(frames) - 1, -1, -1):  # the innermost Function forward
-            ctx = frames[k].f_locals.get("ctx") if frames[k].f_code.co_name == "forward" else None
-            cls = getattr(ctx, "_forward_cls", None)
-            if not _is_function_class(cls):
-                continue
-            target = f"{cls.__module__}.{cls.__qualname__}"
-            if target in _rules():
-                return None
-            callers = [f for f in frames[:k] if not f.f_code.co_filename.startswith(_TORCH_DIR)]
-            call = f" at {callers[-1].f_code.co_filename}:{callers[-1].f_lineno}" if callers else ""
-            where = f"{frames[k].f_code.co_filename}:{frames[k].f_code.co_firstlineno}"
-            return (f"the model calls the Python-level operator {target} (an autograd.Function, its forward at {where})"
-                    f"{call}; it failed with {type(cur).__name__}: {str(cur).strip().splitlines()[0] if str(cur).strip() else ''}"
-                    f"\nNo substitution rule covers it. Add one that computes it on opbridge's or PyTorch's ops, with "
-                    f"the arguments of its forward (without ctx):\n  @opbridge.substitute({target!r})\n  def "
-                    f"{cls.__name__.lower()}(...): ...\nor declare it in an op's definition with "
-                    f"OpBuilder::replaces (docs/authoring.md).")
-    return None

@@ -43,7 +43,8 @@ def options_requested(custom_nodes: bool, portable: bool):
         _requested.reset(token)
 
 
-def _symbolic(op: OpInfo) -> Callable:
+def symbolic_for(op: OpInfo) -> Callable:
+    """The op's symbolic function for the TorchScript exporter."""
     from torch.onnx import symbolic_helper as sh
 
     n_out = len(op.outputs)
@@ -52,13 +53,16 @@ def _symbolic(op: OpInfo) -> Callable:
         inputs, attrs = split_args(op, args, {})
         dtypes = [None if v is None or sh._is_none(v) else _dtype(v) for v in inputs]
         target = choose_target(op, ExportOptions(g.opset, *_requested.get()), input_dtypes(op, dtypes))
-        consts = {}
+        consts, computed = {}, {}
         for a in op.attributes:
             v = attrs.get(a.name)
             if isinstance(v, torch._C.Value):
                 if sh._is_none(v):
                     continue
                 v = sh._maybe_get_const(v, ATTR_KINDS[a.kind].torchscript_kind)
+                if isinstance(v, torch._C.Value) and a.symbolic:
+                    computed[a.name] = _int64(g, v)  # a size the graph computes: the node's input
+                    continue
                 if isinstance(v, torch._C.Value):
                     raise OpbridgeError(f"{op.qualified_name}: attribute '{a.name}' must be a constant to export")
             if isinstance(v, torch.Tensor):
@@ -66,7 +70,8 @@ def _symbolic(op: OpInfo) -> Callable:
             if v is not None:
                 consts[a.name] = v
         is_none = lambda v: v is None or sh._is_none(v)  # noqa: E731
-        node_inputs, node_attrs = map_call(op, target, inputs, consts, is_none)
+        node_inputs, node_attrs = map_call(op, target, inputs, {**consts, **computed}, is_none,
+                                           lambda v: isinstance(v, torch._C.Value))
         node_inputs = [_none_value(g) if v is None else v for v in node_inputs]
         kw = {f"{k}_{ATTR_KINDS[kind].symbolic_suffix}": ATTR_KINDS[kind].onnx_value(v)
               for k, (kind, v) in node_attrs.items()}
@@ -76,6 +81,11 @@ def _symbolic(op: OpInfo) -> Callable:
         return outs
 
     return symbolic
+
+
+def _int64(g, value):
+    """A traced integer as the int64 value a symbolic attribute's input takes."""
+    return value if _dtype(value) == "int64" else g.op("Cast", value, to_i=DTYPES["int64"].onnx)
 
 
 def _dtype(value) -> str | None:
@@ -123,7 +133,7 @@ def register_torchscript_symbolics(lib: Library) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation notice, once per op
         for op in lib.ops:
-            torch.onnx.register_custom_op_symbolic(op.qualified_name, _symbolic(op), TORCHSCRIPT_BASE_OPSET)
+            torch.onnx.register_custom_op_symbolic(op.qualified_name, symbolic_for(op), TORCHSCRIPT_BASE_OPSET)
 
 
 def custom_opsets() -> dict[str, int]:

@@ -37,6 +37,10 @@ class AttributeInfo:
     doc: str
     has_default: bool
     default: Any = None  # lists as tuples; None without a default
+    # An int that models compute from input sizes (FPS's npoint = N // 4): PyTorch types it SymInt,
+    # and the exporters write a computed value as the node's input "<name>_value", after the op's
+    # own inputs (see OpInfo.node_inputs).
+    symbolic: bool = False
 
     @property
     def required(self) -> bool:
@@ -173,12 +177,36 @@ class OpInfo:
     # (its fake kernel calls it first); "": none.
     check_op: str = ""
     replaces: tuple[PythonOperator, ...] = ()
+    # A bool attribute that, when true, makes the outputs random: two calls on the same inputs
+    # need not agree, so tools compare only their dtypes and shapes. "": never random.
+    random_when: str = ""
 
     def type_constraint(self, name: str) -> TypeConstraint:
         return _named(self.types, name, f"{self.qualified_name} has no type constraint")
 
     def attribute(self, name: str) -> AttributeInfo:
         return _named(self.attributes, name, f"{self.qualified_name} has no attribute")
+
+    @property
+    def symbolic_attributes(self) -> tuple[AttributeInfo, ...]:
+        """The attributes a node may give as inputs instead: the node's inputs after the op's own,
+        in this order (AttributeInfo.symbolic)."""
+        return tuple(a for a in self.attributes if a.symbolic)
+
+    @property
+    def node_inputs(self) -> int:
+        """How many inputs the op's own node may have: its inputs, then one per symbolic attribute."""
+        return len(self.inputs) + len(self.symbolic_attributes)
+
+    def random_with(self, attrs: dict[str, Any]) -> str:
+        """Why the op's outputs are random with these attribute values (the declared attribute is
+        true, given or by default), e.g. "<op> with random_start=1";
+        "" when they are not."""
+        if not self.random_when:
+            return ""
+        a = self.attribute(self.random_when)
+        on = attrs[a.name] if a.name in attrs else a.default
+        return f"{self.name} with {a.name}=1" if on else ""
 
     @property
     def has_own_node(self) -> bool:
@@ -290,8 +318,12 @@ def _type(t: dict, op: str) -> TypeConstraint:
 
 
 def _attribute(a: dict, op: str) -> AttributeInfo:
+    symbolic = bool(a.get("symbolic", False))  # absent from libraries built before it
+    if symbolic and a["kind"] != "int":
+        raise OpbridgeError(f"op '{op}': the manifest marks attribute '{a['name']}' ({a['kind']}) symbolic; only an "
+                            "int can be")
     return AttributeInfo(a["name"], _known(a["kind"], ATTR_KINDS, "attribute kind", op), a["doc"], "default" in a,
-                         _frozen(a.get("default")))
+                         _frozen(a.get("default")), symbolic)
 
 
 def _output(o: dict) -> OutputInfo:
@@ -310,6 +342,14 @@ def _rule(r: dict, op: str) -> ExportRule:
                       tuple(_rule_attribute(a) for a in r["attributes"]),
                       _known(r["target"], RULE_TARGETS, "export rule target", op), r.get("opbridge_op", ""), types,
                       r["portable_only"])
+
+
+def _random_when(m: dict) -> str:
+    name = m.get("random_when", "")  # absent from libraries built before it
+    if name and not any(a["name"] == name and a["kind"] == "bool" for a in m["attributes"]):
+        raise OpbridgeError(f"op '{m['name']}': the manifest's random_when names '{name}', which is not a bool "
+                            "attribute of the op")
+    return name
 
 
 def _op(lib: Library, m: dict) -> OpInfo:
@@ -334,6 +374,7 @@ def _op(lib: Library, m: dict) -> OpInfo:
         checks=tuple(check_from_json(c) for c in m["checks"]),
         backward=m["backward"],
         check_op=m["check_op"],
+        random_when=_random_when(m),
         replaces=tuple(PythonOperator(p["target"], tuple(p["params"]),
                                       tuple((k, _frozen(v)) for k, v in p["fixed"].items()))
                        for p in m.get("replaces", ())),  # absent from libraries built before it

@@ -225,12 +225,18 @@ def _gap(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: float)
                                   f"Runtime, {want[at]:.6g} eagerly)", worst)
 
 
-def _compare(out_names, got, want, base: list[_Gap] | None, rtol, atol) -> list[str]:
-    """The outputs that disagree, each with how; base: the gaps at the example (the bar)."""
+def _compare(out_names, got, want, base: list[_Gap] | None, rtol, atol, random: set) -> list[str]:
+    """The outputs that disagree, each with how; base: the gaps at the example (the bar); random:
+    outputs random by their op's declaration, held to dtype and rank only."""
     if len(got) != len(want):
         return [f"ONNX Runtime gives {len(got)} outputs, eager {len(want)}"]
     bad = []
     for k, (name, g, w) in enumerate(zip(out_names, got, want)):
+        if name in random:
+            if g.dtype != w.dtype or g.ndim != w.ndim:
+                bad.append(f"output '{name}' (random by declaration): dtype {g.dtype} rank {g.ndim} in ONNX Runtime, "
+                           f"{w.dtype} rank {w.ndim} eagerly")
+            continue
         gap = _gap(name, g, w, rtol, atol)
         bar = 1.0 if base is None or not np.isfinite(base[k].excess) else max(1.0, SLACK * base[k].excess)
         if gap.excess > bar:
@@ -284,7 +290,7 @@ def _suspects(proto: onnx.ModelProto, sizes: dict[str, int], limit: int = 8) -> 
 def prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, sess=None,
           check_args: tuple | None = None, check_kwargs: dict | None = None,
           input_names: Sequence[str] | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-          exporter: str = "", who: str = "opbridge.export") -> Proof:
+          exporter: str = "", who: str = "opbridge.export", random: set | None = None) -> Proof:
     """Runs the proof (see the module's doc). Raises OpbridgeError when ONNX Runtime fails or
     disagrees with eager at the second size; warns (UnprovenWarning) when no second size could be
     run; returns what was run."""
@@ -359,7 +365,7 @@ def prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, se
     except Exception as e:  # noqa: BLE001 - reported with what to look at
         raise OpbridgeError(_failure(who, examples, sizes, axes, proto, exporter,
                                      [f"ONNX Runtime fails: {_first_line(e)}"])) from None
-    bad = _compare(out_names, got, want, base, rtol, atol)
+    bad = _compare(out_names, got, want, base, rtol, atol, random or set())
     if bad:
         raise OpbridgeError(_failure(who, examples, sizes, axes, proto, exporter, bad))
     proof = Proof({sym: (examples[sym], sizes[sym]) for sym in examples}, axes, source)

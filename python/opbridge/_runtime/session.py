@@ -102,6 +102,13 @@ def unknown_domain(message: str, model: str | bytes | None = None) -> str | None
         return None
     said = clean_ort_message(message)
     ops = ", ".join(f"{domain}::{t}" for t in _op_types(proto, domain, local))
+    function = next((o for o in owner.ops if (o.onnx_domain, o.onnx_type) == (domain, op)
+                     and o.export_kind == "function"), None) if owner is not None else None
+    if function is not None:  # the library has the op, as an ONNX function the model must carry
+        return (f"the model lacks the FunctionProto for {domain}::{op} (op library '{owner.name}' exports op "
+                f"'{function.name}' as an ONNX function, which ONNX Runtime runs from the model's own functions): "
+                "export with opbridge.export, or add the functions with opbridge.add_functions(model); "
+                f"ONNX Runtime said: {said}")
     if owner is not None:
         where = owner.torch_path or owner.ort_path
         if owner.ort_path is None:

@@ -125,3 +125,7 @@ def _substitute_the_real_packages() -> None:
 
 
 _substitute_the_real_packages()
+
+# transformers' module-level multi_scale_deformable_attention (Mask2Former, OneFormer), whose rule
+# derives level_start_index: a definition's replaces() binds parameters one to one.
+from . import deformable_attention  # noqa: E402,F401

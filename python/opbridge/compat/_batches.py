@@ -60,26 +60,26 @@ def whole(points: torch.Tensor) -> torch.Tensor:
 
 
 def ptr_of(batch: torch.Tensor | None, points: torch.Tensor, batch_size, api: str, name: str) -> torch.Tensor:
-    """(batch_size + 1,) int64 row boundaries of the points' sorted batch vector (None: one
-    example)."""
+    """(batch_size + 1,) int64 row boundaries of the points' batch vector (None: one example). The
+    vector is checked non-negative and sorted by opbridge::batch_pointers, in eager calls and in
+    the exported graph alike."""
     if batch is None:
         check(lambda: batch_size == 1, api, f"{name} is needed for {batch_size} examples")
         return whole(points)
     check(lambda: batch.numel() == points.size(0), api,
           f"{name} has {batch.numel()} entries for {points.size(0)} points")
-    check(lambda: batch.numel() < 2 or bool((batch[1:] >= batch[:-1]).all()), api, f"'{name}' is not sorted")
-    return pointers(batch, batch_size)
+    return pointers(batch, batch_size, name, api)
 
 
-def pointers(index: torch.Tensor, count) -> torch.Tensor:
-    """(count + 1,) int64: how many entries of the sorted `index` are below 0, 1, ..., count. A
-    binary search when eager; while tracing a comparison, since torch.export's bucketize guards
-    on its input's size, which is data-dependent after a sampling (n x count booleans: examples
-    are few)."""
-    bounds = torch.arange(count + 1, device=index.device)
+def pointers(index: torch.Tensor, count, name: str = "index", api: str = "") -> torch.Tensor:
+    """(count + 1,) int64: how many entries of the sorted `index` are below 0, 1, ..., count, by
+    opbridge::batch_pointers, which refuses a negative or unsorted `index` (its error names `api`
+    and `name`) in eager calls and in ONNX Runtime alike: a batch vector becomes segments nowhere
+    else."""
     if eager():
-        return torch.bucketize(bounds, index)
-    return (index[None, :] < bounds[:, None]).sum(1)
+        count = max(int(count), 0)  # ids all negative: the op reports them, not arange
+    bounds = torch.arange(count + 1, device=index.device)
+    return torch.ops.opbridge.batch_pointers(index, bounds, name=name, caller=api)
 
 
 def neighbours(api: str, x: torch.Tensor, y: torch.Tensor, k: int, ptr_x: torch.Tensor,
@@ -87,7 +87,11 @@ def neighbours(api: str, x: torch.Tensor, y: torch.Tensor, k: int, ptr_x: torch.
     """(m, k) rows of x nearest each row of y in its example, -1 padded: the k-d tree of
     opbridge::knn_query for 3-D points, a dense search for other dimensions and dtypes."""
     if x.size(1) == 3 and x.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-        idx, _ = torch.ops.opbridge.knn_query(x, ptr_x[1:], y, ptr_y[1:], k=k)
+        # No example has more than n points: slots past n would all be padding, which pairs()
+        # drops, so an eager call asks for at most n (a k far above n would size the tables by k).
+        # Traced, k stays: an attribute must not carry the example's size.
+        kk = max(1, min(k, int(x.size(0)))) if eager() else k
+        idx, _ = torch.ops.opbridge.knn_query(x, ptr_x[1:], y, ptr_y[1:], k=kk)
         return idx
     if not x.is_floating_point():
         raise unsupported(api, f"points of dtype {x.dtype}")

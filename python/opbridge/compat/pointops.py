@@ -20,13 +20,30 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _batches  # noqa: F401  loads opbridge's ops
+from . import _batches as b  # loads opbridge's ops
 
 __all__ = ["ball_query", "ball_query_and_group", "batch2offset", "farthest_point_sampling", "grouping",
            "interpolation", "knn_query", "knn_query_and_group", "offset2batch"]
 
 _ops = torch.ops.opbridge
 _EMPTY = 1e5  # pointops' distance for an empty slot: sqrt of its 1e10 start
+_INT32 = torch.iinfo(torch.int32)
+
+
+def _offsets(api: str, *offsets: Tensor) -> tuple[Tensor, ...]:
+    """The offsets as the ops take them, never truncated: int32 stays int32 and any other integer
+    type becomes int64 (the op's two offsets share one type). pointops' kernels read int32, so an
+    eager call refuses a value int32 cannot hold, naming `api`; a cast would wrap it (2^33 + 5 to 5)."""
+    for name, t in zip(("offset", "new_offset"), offsets):
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise ValueError(f"{api}: {name} must be an integer tensor, got {t.dtype}")
+        if b.eager() and t.numel():
+            for v in (int(t.min()), int(t.max())):
+                if not _INT32.min <= v <= _INT32.max:
+                    raise ValueError(f"{api}: {name} holds {v}, which int32 (pointops' offsets) cannot hold")
+    if all(t.dtype == torch.int32 for t in offsets):
+        return offsets
+    return tuple(t.long() for t in offsets)
 
 
 def knn_query(nsample: int, xyz: Tensor, offset: Tensor, new_xyz: Optional[Tensor] = None,
@@ -35,7 +52,8 @@ def knn_query(nsample: int, xyz: Tensor, offset: Tensor, new_xyz: Optional[Tenso
     idx (m, nsample) int32 and Euclidean distances."""
     if new_xyz is None or new_offset is None:
         new_xyz, new_offset = xyz, offset
-    idx, dist = _ops.knn_query(xyz, offset.int(), new_xyz, new_offset.int(), k=int(nsample))
+    offset, new_offset = _offsets("pointops.knn_query", offset, new_offset)
+    idx, dist = _ops.knn_query(xyz, offset, new_xyz, new_offset, k=int(nsample))
     return idx, dist.masked_fill(idx < 0, _EMPTY)
 
 
@@ -44,13 +62,15 @@ def ball_query(nsample: int, max_radius: float, min_radius: float, xyz: Tensor, 
     """pointops' ball query (opbridge::ball_query_offset, which follows its kernel step by step)."""
     if new_xyz is None or new_offset is None:
         new_xyz, new_offset = xyz, offset
-    return _ops.ball_query_offset(xyz, offset.int(), new_xyz, new_offset.int(), nsample=int(nsample),
+    offset, new_offset = _offsets("pointops.ball_query", offset, new_offset)
+    return _ops.ball_query_offset(xyz, offset, new_xyz, new_offset, nsample=int(nsample),
                                   max_radius=float(max_radius), min_radius=float(min_radius))
 
 
 def farthest_point_sampling(xyz: Tensor, offset: Tensor, new_offset: Tensor) -> Tensor:
     """new_offset[i] - new_offset[i - 1] points of segment i, from its first: int32 rows."""
-    return _ops.furthest_point_sampling_offset(xyz, offset.int(), new_offset.int())
+    offset, new_offset = _offsets("pointops.farthest_point_sampling", offset, new_offset)
+    return _ops.furthest_point_sampling_offset(xyz, offset, new_offset)
 
 
 def grouping(idx: Tensor, feat: Tensor, xyz: Tensor, new_xyz: Optional[Tensor] = None,
@@ -114,5 +134,8 @@ def offset2batch(offset: Tensor) -> Tensor:
 
 
 def batch2offset(batch: Tensor) -> Tensor:
-    """Cumulative ends of a sorted batch vector: int32 (b,)."""
-    return torch.cumsum(batch.bincount(), dim=0).int()
+    """Cumulative ends of a sorted batch vector: int32 (b,). The vector is checked non-negative
+    and sorted (opbridge::batch_pointers), eagerly and in an exported graph."""
+    if b.empty(batch):
+        return batch.new_zeros(0, dtype=torch.int32)
+    return b.pointers(batch, b.batch_size_of(batch), "batch", "pointops.batch2offset")[1:].int()

@@ -62,11 +62,25 @@ def _broadcast(index: Tensor, src: Tensor, dim: int) -> Tensor:
     return index.expand(src.shape)
 
 
-def _dim_size(index: Tensor, dim_size: Optional[int]):
+def _dim_size(api: str, index: Tensor, dim_size: Optional[int]):
     """dim_size as given (under an exporter it may be a symbolic size), else index.max() + 1."""
     if dim_size is not None:
         return dim_size
+    if index.is_meta:
+        raise ValueError(f"{api}: an index on the meta device has no values to size the output by: pass dim_size")
     return index.max().item() + 1 if index.numel() > 0 else 0
+
+
+def _check_inputs(api: str, src: Tensor, index: Tensor, index_name: str, reduce: str) -> None:
+    """What torch_scatter's kernels refuse, refused here in the function's own words (PyTorch's
+    scatter ops would otherwise fail deep inside, or run a bool src through an integer path)."""
+    if src.device != index.device:
+        raise ValueError(f"{api}: src is on {src.device} and {index_name} on {index.device}; both must be on one device")
+    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+        raise ValueError(f"{api}: {index_name} must be an integer tensor, got {index.dtype}")
+    if src.dtype == torch.bool and reduce not in ("sum", "add"):
+        raise ValueError(f"{api}: a bool src supports reduce='sum' only (as torch_scatter's kernels), got {reduce!r}; "
+                         "cast src to an integer or floating type")
 
 
 def _torch_scatter(src: Tensor, index: Tensor, dim: int, size: int, reduce: str) -> Tuple[Tensor, Optional[Tensor]]:
@@ -82,17 +96,19 @@ def _torch_scatter(src: Tensor, index: Tensor, dim: int, size: int, reduce: str)
         total = src.new_zeros(shape).scatter_add_(dim, index, src)
         count = src.new_zeros(shape).scatter_add_(dim, index, torch.ones_like(src)).clamp_(min=1)
         return (total / count if total.is_floating_point() else total.div_(count, rounding_mode="floor")), None
-    # From the reduction's identity with include_self (the TorchScript exporter refuses
-    # include_self=False), then 0 where nothing was sent, as torch_scatter leaves it.
+    # torch_scatter's rule for min and max (docs/ops/segment_reduce.md), as opbridge's kernel
+    # follows it: from the type's lowest finite value (max) or largest (min), a value counts only
+    # if it beats that strictly, so NaN (and -inf for max, +inf for min) never does; a place no
+    # value counted for is 0 with arg src.size(dim), and ties go to the first row.
     info = torch.finfo(src.dtype) if src.is_floating_point() else torch.iinfo(src.dtype)
-    start = (-math.inf if src.is_floating_point() else info.min) if reduce == "max" else \
-        (math.inf if src.is_floating_point() else info.max)
-    out = src.new_full(shape, start).scatter_reduce_(dim, index, src, "amax" if reduce == "max" else "amin")
-    hits = torch.zeros(shape, dtype=torch.long, device=src.device).scatter_add_(dim, index, torch.ones_like(index))
-    out = torch.where(hits > 0, out, torch.zeros((), dtype=src.dtype, device=src.device))
+    start = info.min if reduce == "max" else info.max
+    counts = src > start if reduce == "max" else src < start
+    taken = torch.where(counts, src, torch.full((), start, dtype=src.dtype, device=src.device))
+    out = src.new_full(shape, start).scatter_reduce_(dim, index, taken, "amax" if reduce == "max" else "amin")
+    out = torch.where(out == start, torch.zeros((), dtype=src.dtype, device=src.device), out)
     n = src.size(dim)
     pos = torch.arange(n, device=src.device).view([1] * dim + [-1] + [1] * (src.dim() - dim - 1)).expand(src.shape)
-    won = torch.where(src == out.gather(dim, index), pos, n)
+    won = torch.where(counts & (src == out.gather(dim, index)), pos, n)
     arg = torch.full(shape, n, dtype=torch.long, device=src.device).scatter_reduce_(dim, index, won, "amin")
     return out, arg
 
@@ -100,13 +116,18 @@ def _torch_scatter(src: Tensor, index: Tensor, dim: int, size: int, reduce: str)
 def _scatter(api: str, src: Tensor, index: Tensor, dim: int, out: Optional[Tensor], dim_size: Optional[int],
              reduce: str) -> Tuple[Tensor, Optional[Tensor]]:
     _check_reduce(api, reduce)
+    _check_inputs(api, src, index, "index", reduce)
     dim = dim + src.dim() if dim < 0 else dim
     if out is not None:
         if reduce not in ("sum", "add"):
             raise b.unsupported(api, f"out= with reduce={reduce!r} (it is supported for sum)")
         return out.scatter_add_(dim, _broadcast(index, src, dim), src), None
-    size = _dim_size(index, dim_size)
+    size = _dim_size(api, index, dim_size)
     if not _on_ops(src, index, reduce, size):
+        if b.eager() and not index.is_meta and index.numel() and type(size) is int:  # as the op checks it
+            low, high = int(index.min()), int(index.max())
+            if low < 0 or high >= size:
+                raise ValueError(f"{api}: index holds {low if low < 0 else high}, outside [0, dim_size = {size})")
         return _torch_scatter(src, index, dim, size, reduce)
     rows = _rows(src, dim)
     red = "sum" if reduce == "add" else reduce
@@ -155,6 +176,20 @@ def scatter_max(src: Tensor, index: Tensor, dim: int = -1, out: Optional[Tensor]
     return _scatter("torch_scatter.scatter_max", src, index, dim, out, dim_size, "max")
 
 
+def _check_indptr(api: str, indptr: Tensor, rows: int) -> None:
+    """torch_scatter's indptr, checked in an eager call as opbridge::segment_csr checks it."""
+    if not b.eager() or indptr.is_meta:  # traced or meta: no values to read
+        return
+    if indptr.numel() == 0:
+        raise ValueError(f"{api}: indptr is empty; it holds at least one row boundary")
+    p = indptr.tolist()
+    for i, v in enumerate(p):
+        if not 0 <= v <= rows:
+            raise ValueError(f"{api}: indptr[{i}] = {v} is not a row boundary of src ({rows} rows)")
+        if i and v < p[i - 1]:
+            raise ValueError(f"{api}: indptr must be non-decreasing, but indptr[{i - 1}] = {p[i - 1]} > indptr[{i}] = {v}")
+
+
 def _segment(api: str, src: Tensor, pointers: Tensor, csr: bool, out: Optional[Tensor], dim_size: Optional[int],
              reduce: str) -> Tuple[Tensor, Optional[Tensor]]:
     """segment_csr (pointers = indptr) and segment_coo (pointers = a sorted index)."""
@@ -166,14 +201,23 @@ def _segment(api: str, src: Tensor, pointers: Tensor, csr: bool, out: Optional[T
     dim = pointers.dim() - 1
     if pointers.dim() != 1:
         raise b.unsupported(api, f"a {pointers.dim()}-D {'indptr' if csr else 'index'}")
-    size = None if csr else _dim_size(pointers, dim_size)
+    _check_inputs(api, src, pointers, "indptr" if csr else "index", reduce)
+    size = None if csr else _dim_size(api, pointers, dim_size)
     if src.dtype not in _FLOATS or not (csr or type(size) is int):  # PyTorch's scatter on the rows' index
         if csr:
+            _check_indptr(api, pointers, src.size(0))
             counts = pointers[1:] - pointers[:-1]
             rows = torch.arange(pointers.numel() - 1, device=src.device).repeat_interleave(counts)
             lead = src.narrow(0, int(pointers[0]), rows.numel())
             return _torch_scatter(lead, rows, 0, pointers.numel() - 1, reduce)
-        return _torch_scatter(src, pointers, 0, size, reduce)
+        # A sorted index is a batch vector: its row pointers come from opbridge::batch_pointers,
+        # which refuses a negative or unsorted one in eager calls and exported graphs alike.
+        if b.eager() and not pointers.is_meta and pointers.numel() and int(pointers.max()) >= size:
+            raise ValueError(f"{api}: index holds {int(pointers.max())}, outside [0, dim_size = {size})")
+        ptr = b.pointers(pointers, size, "index", api)
+        sized = {"output_size": src.size(0)} if src.is_meta else {}  # meta: shapes only, no counts to read
+        rows = torch.arange(size, device=src.device).repeat_interleave(ptr[1:] - ptr[:-1], **sized)
+        return _torch_scatter(src.narrow(0, 0, rows.numel()), rows, 0, size, reduce)
     rows = _rows(src, dim)
     red = "sum" if reduce == "add" else reduce
     arg_form = red in ("min", "max")

@@ -128,6 +128,9 @@ class Checker:
                 return Verdict(ORT, f"CPU kernel {node.op_type}-{since} in float32 (Casts inserted around float16)")
         local = self.functions.get((node.domain, node.op_type, node.overload))
         if local is not None:
+            unknown = _unknown_attributes(node, op) if op is not None else None
+            if unknown:
+                return Verdict(MISSING, f"opbridge op {op.name} ({op.export_kind})", unknown)
             return Verdict(MODEL_FUNCTION, f"function {domain_name(local.domain)}::{local.name}"
                                            + (f" ({local.overload})" if local.overload else "")
                                            + (f", opbridge op {op.name} ({op.export_kind})" if op else ""))
@@ -153,10 +156,13 @@ class Checker:
                            f"{qual}: the model imports domain '{op.onnx_domain}' version {imported}; op library "
                            f"'{lib.name}' provides versions 1 to {lib.onnx_domain_version}: re-export the model "
                            "with this library, or load the library version the model was made with")
-        if len(node.input) > len(op.inputs) or len(node.output) > len(op.outputs):
+        if len(node.input) > op.node_inputs or len(node.output) > len(op.outputs):  # symbolic attributes' too
             return Verdict(MISSING, f"opbridge op {op.name}",
-                           f"{qual} takes {len(op.inputs)} inputs and {len(op.outputs)} outputs; this node has "
+                           f"{qual} takes {op.node_inputs} inputs and {len(op.outputs)} outputs; this node has "
                            f"{len(node.input)} and {len(node.output)}")
+        unknown = _unknown_attributes(node, op)
+        if unknown:
+            return Verdict(MISSING, f"opbridge op {op.name}", unknown)
         bound = [(spec.type, name) for spec, name in zip(op.inputs, node.input) if name]
         bound += [(spec.type, name) for spec, name in zip(op.outputs, node.output) if name]
         onnx_types = {t.name: [DTYPES[d].onnx_type for d in t.dtypes] for t in op.types}
@@ -287,9 +293,12 @@ class Checker:
                                         f"imports opset {opset}: raise the opset (re-export with --opset "
                                         f"{versions[0]}, or convert with onnx.version_converter)")
         if op is not None:
+            # Not a kernel (those are judged above): its node is defined by a function the
+            # model must carry, which opbridge.export adds.
             return Verdict(MISSING, f"opbridge op {op.name} ({op.export_kind})",
-                           f"{qual} is opbridge op '{op.name}', exported as {op.export_kind}; this model lacks its "
-                           "definition: re-export the model with opbridge.export")
+                           f"the model lacks the FunctionProto for {qual} (opbridge op '{op.name}', exported as "
+                           f"{op.export_kind}): export with opbridge.export, or add the functions with "
+                           "opbridge.add_functions(model)")
         lib = self.library_domains.get(domain)
         if lib is not None:
             return Verdict(MISSING, "", f"opbridge library '{lib.name}' (domain '{domain}') has no op {node.op_type}; "
@@ -305,6 +314,20 @@ class Checker:
         return Verdict(MISSING, "", f"no runtime implements {qual}: load a custom-op library for domain "
                                     f"'{domain}' (opbridge.load_library / --library, or SessionOptions."
                                     "register_custom_ops_library), or add a model-local function for it")
+
+
+def _unknown_attributes(node: onnx.NodeProto, op: OpInfo) -> str | None:
+    """An attribute the op does not take, named with the op and the node. ONNX Runtime accepts any
+    attribute on a custom op's node and its C API cannot list them, so the adapter never sees one
+    that is misspelt: the op would run with the default instead."""
+    known = [a.name for a in op.attributes]
+    unknown = [a.name for a in node.attribute if a.name not in known]
+    if not unknown:
+        return None
+    qual = f"{domain_name(op.onnx_domain)}::{op.onnx_type}"
+    return (f"{qual} (node '{node.name}') has attribute{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(repr(n) for n in unknown)}, which op '{op.name}' does not take (its attributes: "
+            f"{', '.join(known) or 'none'}): remove or rename it")
 
 
 def _attribute_problem(node: onnx.NodeProto, schema, since: int) -> str | None:

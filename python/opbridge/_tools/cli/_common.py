@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -131,6 +132,37 @@ def load_libraries(paths: Sequence[str] | None, jit: Sequence[str] | None = None
             raise CliError(f"--library {p}: {e}") from e
 
 
+def file_kind(p: Path) -> str | None:
+    """What is at `p` when it is not a regular file ("a directory", "a FIFO (named pipe)", ...), None
+    for a regular file; "" when nothing is there. Told by stat() alone: a FIFO is never opened (that
+    would block until a writer came)."""
+    try:
+        mode = p.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # the latter: a path through a file
+        return ""
+    except OSError as e:  # e.g. a loop of symbolic links
+        return f"unreadable ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def regular_file(path: str, what: str = "") -> Path:
+    """`path` as a Path, or a CliError saying what is there instead of a regular file."""
+    p = Path(path)
+    kind = file_kind(p)
+    if kind == "":
+        raise CliError(f"{what}{path}: no such file")
+    if kind is not None:
+        raise CliError(f"{what}{path} is {kind}, not a regular file")
+    return p
+
+
 def read_model(path: str):
     import onnx
     from google.protobuf.message import DecodeError
@@ -138,8 +170,7 @@ def read_model(path: str):
     p = Path(path)
     if p.is_dir():
         raise CliError(f"{path} is a directory, not an ONNX model file")
-    if not p.is_file():
-        raise CliError(f"{path}: no such file")
+    regular_file(path)
     try:
         model = onnx.load(str(p), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError) as e:

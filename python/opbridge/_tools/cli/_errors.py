@@ -1,5 +1,7 @@
-"""The CLI's failures. Each ends as one line on stderr: exit status 2 for a usage error, 1 for
-any other failure."""
+"""The CLI's failures, on stderr: exit status 2 for a usage error, 1 for any other failure. A
+failure is one line, except opbridge's own errors, whose lines below the first are the details
+written for the user (the axes and outputs a second-size proof failed on, the nodes a runtime
+cannot run)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,14 @@ class CliError(Exception):
 
 class UsageError(CliError):
     """A command line that cannot work (exit status 2)."""
+
+
+def message(e: BaseException) -> str:
+    """What the CLI says of a failure: opbridge's own errors whole, others as one_line."""
+    if type(e).__name__ == "OpbridgeError":
+        text = "\n".join(ln.rstrip() for ln in _ANSI.sub("", str(e)).strip().splitlines())
+        return text or type(e).__name__
+    return one_line(e)
 
 
 def one_line(e: BaseException) -> str:

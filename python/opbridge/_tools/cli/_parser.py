@@ -10,7 +10,7 @@ from typing import Sequence
 
 from . import export, graph, inspect, ops, triton, verify
 from ._common import PROG, opbridge_api
-from ._errors import CliError, UsageError, one_line
+from ._errors import CliError, UsageError, message
 
 COMMANDS = {"ops": ops, "inspect": inspect, "graph": graph, "export": export, "verify": verify,  # in --help's order
             "triton": triton}
@@ -69,11 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # e.g. `opbridge ops | head`
         return 0
-    except Exception as e:  # noqa: BLE001 - every failure ends as one line
+    except Exception as e:  # noqa: BLE001 - every failure ends as a message, not a traceback
         if args.verbose:
             traceback.print_exc()
         hint = "" if args.verbose or isinstance(e, UsageError) else " (--verbose for the traceback)"
         if isinstance(e, CliError) and not isinstance(e, UsageError) and e.__cause__ is None:  # nothing beneath
             hint = ""
-        print(f"{PROG}: error: {one_line(e)}{hint}", file=sys.stderr)
+        print(f"{PROG}: error: {message(e)}{hint}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1

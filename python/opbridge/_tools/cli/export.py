@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -12,6 +15,7 @@ from ._common import (
     build_model,
     dynamic_arg,
     factory_arg,
+    file_kind,
     input_arg,
     load_libraries,
     no_duplicate_names,
@@ -57,6 +61,10 @@ def add_arguments(c) -> None:
                              "(a model that needs no opbridge library for them)")
     c.add_argument("--no-check-runtime", action="store_true",
                    help="do not refuse a model the installed ONNX Runtime cannot run (exporting for another runtime)")
+    c.add_argument("--no-prove-dynamic", action="store_true",
+                   help="do not prove the --dynamic axes at a second size (eager against ONNX Runtime); at your risk")
+    c.add_argument("--allow-unused-inputs", action="store_true",
+                   help="warn, instead of refusing, when the exported graph does not read an --input")
     c.add_argument("--no-optimize", action="store_true",
                    help="write the graph as the exporter makes it: no constant folding or rewrite rules")
 
@@ -102,24 +110,62 @@ def summarize(path: Path, exporter: str | None = None) -> None:
                            else f"{len(missing)} MISSING: run 'opbridge inspect {path}'"))
 
 
+def _output_path(output: str) -> Path:
+    """-o as a Path the export can write: a new file, or a regular file it replaces."""
+    out = Path(output)
+    kind = file_kind(out)
+    if kind:
+        raise CliError(f"-o {output} is {kind}: give the path of the .onnx file to write"
+                       + (f" (e.g. {out / 'model.onnx'})" if kind == "a directory" else ""))
+    folder = out.parent
+    folder_kind = file_kind(folder)
+    if folder_kind == "":
+        raise CliError(f"-o {output}: folder {folder} does not exist")
+    if folder_kind != "a directory":
+        raise CliError(f"-o {output}: {folder} is {folder_kind or 'a regular file'}, not a folder")
+    if not os.access(folder, os.W_OK):
+        raise CliError(f"-o {output}: folder {folder} is not writable")
+    return out
+
+
 def run(args) -> int:
     if not args.input:
         raise UsageError("give the model's example inputs with --input NAME=SHAPE:DTYPE (one per forward argument)")
     no_duplicate_names(args.input)
     dynamic_axes = _dynamic_axes(args.input, args.dynamic)
+    out = _output_path(args.output)  # before the export, which can take minutes
     load_libraries(args.library, args.jit)
     ob = opbridge_api()
     model = build_model(args.factory)
     example = tuple(random_tensor(s, args.seed + k) for k, s in enumerate(args.input))
-    out = Path(args.output)
-    if out.parent and not out.parent.exists():
-        raise CliError(f"-o {args.output}: folder {out.parent} does not exist")
     progress(f"exporting with the {args.exporter} exporter"
              + (f" (opset {args.opset})" if args.opset else "") + ", then the ONNX checker")
-    ob.export(model, example, out, exporter=args.exporter, opset=args.opset,
-              input_names=[s.name for s in args.input], output_names=args.output_name or None,
-              dynamic_axes=dynamic_axes, custom_nodes=args.custom_nodes, portable=args.portable,
-              check_runtime=not args.no_check_runtime, optimize=not args.no_optimize, verbose=args.verbose)
+    proven = _Said()
+    logging.getLogger("opbridge").addHandler(proven)
+    logging.getLogger("opbridge").setLevel(logging.INFO)  # this command is the application: it shows what was proven
+    try:
+        ob.export(model, example, out, exporter=args.exporter, opset=args.opset,
+                  input_names=[s.name for s in args.input], output_names=args.output_name or None,
+                  dynamic_axes=dynamic_axes, custom_nodes=args.custom_nodes, portable=args.portable,
+                  check_runtime=not args.no_check_runtime, optimize=not args.no_optimize, verbose=args.verbose,
+                  prove_dynamic=not args.no_prove_dynamic, allow_unused_inputs=args.allow_unused_inputs)
+    finally:
+        logging.getLogger("opbridge").removeHandler(proven)
     progress(f"wrote {out}")
     summarize(out, args.exporter)
+    for line in proven.lines:
+        print(f"dynamic    {line.split(': ', 1)[-1]}")
     return 0
+
+
+class _Said(logging.Handler):
+    """What opbridge.export says at INFO on this thread (the second-size proof's sizes)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.thread = threading.get_ident()
+
+    def emit(self, record):
+        if record.thread == self.thread and record.levelno >= logging.INFO:
+            self.lines.append(record.getMessage())

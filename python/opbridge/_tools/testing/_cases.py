@@ -93,14 +93,18 @@ class OpModule(torch.nn.Module):
         return self.overload(*args, **self.attrs)
 
 
-def export_case(case: OpCase, sample: Sample, exporter: str, dynamic_axes=None, custom_nodes: bool = False):
+def export_case(case: OpCase, sample: Sample, exporter: str, dynamic_axes=None, custom_nodes: bool = False,
+                check: Sample | None = None):
+    """Exports the op called on the sample; check: the sample at another size, for export's
+    second-size proof of dynamic_axes (else it derives one)."""
     info = case.info
     present = [t is not None for t in sample.inputs]
     tensors = tuple(t for t in sample.inputs if t is not None)
     names = [i.name for i, p in zip(info.inputs, present) if p]
     model = OpModule(info, sample.attrs, present).eval()
+    check_args = None if check is None else tuple(t for t in check.inputs if t is not None)
     proto = export(model, tensors, exporter=exporter, input_names=names, dynamic_axes=dynamic_axes,
-                   custom_nodes=custom_nodes)
+                   custom_nodes=custom_nodes, check_args=check_args)
     return model, tensors, proto
 
 
@@ -115,10 +119,14 @@ def reference_outputs(case: OpCase, sample: Sample) -> list[np.ndarray]:
     return [np.asarray(r) for r in as_list(case.reference(*[as_numpy(t) for t in sample.inputs], **sample.attrs))]
 
 
-def assert_close(got, want, rtol, atol, what=""):
+def assert_close(got, want, rtol, atol, what="", random: str = ""):
+    """Integers and bools exactly, floating point within tolerance; outputs random by
+    declaration (`random`, from OpInfo.random_with) by shape and dtype only."""
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    if want.dtype.kind in "iub":
+    if random:
+        assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype} (random by declaration: {random})"
+    elif want.dtype.kind in "iub":
         np.testing.assert_array_equal(got, want, err_msg=what)
     else:
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)

@@ -68,10 +68,15 @@ class OpTest:
             cache[key] = (sample, export_case(self.case, sample, exporter))
         return cache[key][1]
 
+    def _random(self, sample) -> str:
+        """Why the sample's outputs are random (the op's random_when attribute is true, from the
+        manifest); "" when they are not. Such outputs are held to their shapes and dtypes."""
+        return self.info.random_with(sample.attrs)
+
     def test_eager_matches_reference(self, sample):
         got = as_list(self.info.overload(*sample.inputs, **sample.attrs))
         for k, (g, w) in enumerate(zip(got, reference_outputs(self.case, sample))):
-            assert_close(as_numpy(g), w, self.case.rtol, self.case.atol, f"output {k}")
+            assert_close(as_numpy(g), w, self.case.rtol, self.case.atol, f"output {k}", self._random(sample))
 
     def test_eager_non_contiguous(self, sample):
         def strided(t):
@@ -87,12 +92,17 @@ class OpTest:
         s = Sample(tuple(strided(t) for t in sample.inputs), sample.attrs)
         got = as_list(self.info.overload(*s.inputs, **s.attrs))
         for k, (g, w) in enumerate(zip(got, reference_outputs(self.case, sample))):
-            assert_close(as_numpy(g), w, self.case.rtol, self.case.atol, f"output {k}")
+            assert_close(as_numpy(g), w, self.case.rtol, self.case.atol, f"output {k}", self._random(sample))
 
     def test_opcheck(self, sample):
         if not self.info.defines_torch_op:
             pytest.skip(f"{self.info.qualified_name} is PyTorch's own op")
-        torch.library.opcheck(self.info.overload, sample.inputs, sample.attrs)
+        torch.library.opcheck(self.info.overload, sample.inputs, sample.attrs, test_utils=self._opcheck_utils(sample))
+
+    def _opcheck_utils(self, sample, aot: bool = True) -> list[str]:
+        # opcheck's AOT check compares compiled outputs with eager values: random ones differ.
+        return [u for u in torch.library._OPCHECK_DEFAULT_UTILS
+                if not (u == "test_aot_dispatch_dynamic" and (not aot or self._random(sample)))]
 
     def test_opcheck_autograd(self, sample):
         # opcheck with the differentiable inputs requiring grad: its autograd checks (the
@@ -113,10 +123,9 @@ class OpTest:
         # get the same check here: compiled with AOT autograd and dynamic shapes, the
         # gradients of their floating outputs equal eager's.
         aot_by_hand = not outs[0].is_floating_point() and any(o.is_floating_point() for o in outs)
-        utils = [u for u in torch.library._OPCHECK_DEFAULT_UTILS
-                 if not (aot_by_hand and u == "test_aot_dispatch_dynamic")]
+        utils = self._opcheck_utils(sample, aot=not aot_by_hand)
         torch.library.opcheck(self.info.overload, tuple(inputs), sample.attrs, test_utils=utils)
-        if aot_by_hand:
+        if aot_by_hand and not self._random(sample):
             def loss(*ts):
                 return sum(o.sum() for o in as_list(self.info.overload(*ts, **sample.attrs)) if o.is_floating_point())
 
@@ -137,6 +146,8 @@ class OpTest:
             pytest.skip(f"{self.info.qualified_name} declares no gradient")
         if sample.no_gradcheck:
             pytest.skip(sample.no_gradcheck)
+        if self._random(sample):
+            pytest.skip(f"random by declaration: {self._random(sample)}; finite differences need equal calls")
         # Inputs that can be float64 are, and get gradients; others (e.g. float32 scales) stay.
         doubles = ["float64" in self.info.type_constraint(s.type).dtypes for s in self.info.inputs]
         inputs = [t.detach().double().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point()
@@ -159,6 +170,8 @@ class OpTest:
         assert expected_node(self.info, exporter, sample.inputs) in types, f"exported graph has {types}"
         report = verify(model, tensors, proto, rtol=self.case.rtol, atol=self.case.atol)
         assert report.ok, "\n" + report.table()
+        # verify finds the random node in the graph by the same manifest rule.
+        assert [o.random for o in report.outputs] == [self._random(sample)] * len(report.outputs), report.table()
 
     def test_export_custom_nodes_on_request(self, exporter):
         # An op with its own kernel and a rule to a standard op: custom_nodes=True keeps the
@@ -201,9 +214,10 @@ class OpTest:
         want = sess.run(None, feed)
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             runs = list(pool.map(lambda _: sess.run(None, feed), range(32)))
+        random = self._random(sample)
         for got in runs:
             for g, w in zip(got, want):
-                assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes()
+                assert g.dtype == w.dtype and g.shape == w.shape and (random or g.tobytes() == w.tobytes())
 
     def test_reference_evaluator_agrees(self, exporter):
         from onnx.reference import ReferenceEvaluator
@@ -217,7 +231,8 @@ class OpTest:
         got = ref.run(None, feeds)
         ort_out = session(proto).run(None, feeds)
         for k, (g, o) in enumerate(zip(got, ort_out)):
-            assert_close(o, g, self.case.rtol, self.case.atol, f"ORT vs reference evaluator, output {k}")
+            assert_close(o, g, self.case.rtol, self.case.atol, f"ORT vs reference evaluator, output {k}",
+                         self._random(sample))
 
     def test_dynamic_axis(self, exporter):
         sample = next((s for s in self.case.samples if s.dynamic), None)
@@ -226,7 +241,7 @@ class OpTest:
         present = [t is not None for t in sample.inputs]
         names = [i.name for i, p in zip(self.info.inputs, present) if p]
         dyn = {self.info.inputs[i].name: {ax: f"d{ax}" for ax in axes} for i, axes in sample.dynamic.items()}
-        model, _, proto = export_case(self.case, sample, exporter, dynamic_axes=dyn)
+        model, _, proto = export_case(self.case, sample, exporter, dynamic_axes=dyn, check=self.case.resize(sample, 7))
         for g in proto.graph.input:
             if g.name in dyn:
                 for ax in dyn[g.name]:
@@ -236,7 +251,8 @@ class OpTest:
         for n in (1, 5, 9):
             s = self.case.resize(sample, n)
             tensors = tuple(t for t in s.inputs if t is not None)
-            report = verify(model, tensors, proto, rtol=self.case.rtol, atol=self.case.atol, sess=sess)
+            report = verify(model, tensors, proto, rtol=self.case.rtol, atol=self.case.atol, sess=sess,
+                            prove_dynamic=False)  # the sizes are this loop's
             assert report.ok, f"size {n}\n" + report.table()
         assert names
 
@@ -265,7 +281,7 @@ class OpTest:
         out = session(good).run(None, feeds(good, [(i.name, x) for i, x in zip(op.inputs, good_arrays)
                                                      if x is not None]))
         for k, (g, w) in enumerate(zip(out, reference_outputs(self.case, sample))):
-            assert_close(g, w, self.case.rtol, self.case.atol, f"output {k}")
+            assert_close(g, w, self.case.rtol, self.case.atol, f"output {k}", self._random(sample))
 
     @pytest.mark.parametrize("kind", ["wrong_dtype", "mixed_dtypes", "missing_input", "missing_attribute",
                                       "wrong_attribute_type"])
