@@ -65,7 +65,9 @@ namespace {
 // attention_weights, im2col_step) is the grid_sample path (the class is also a hub-kernel hook,
 // which swaps the forward only where the `kernels` package is installed and asked to). The rule
 // replaces the class's forward; the list of shapes repeats the tensor, and im2col_step only
-// batches the CUDA kernel's work.
+// batches the CUDA kernel's work. Mask2Former's and OneFormer's module-level
+// multi_scale_deformable_attention(value, shapes, locations, weights) passes no level_start_index,
+// which a rule here cannot derive: its rule is opbridge/compat/deformable_attention.py.
 void transformers_modules(OpBuilder& op) {
   for (const char* model : {"deformable_detr", "grounding_dino", "mm_grounding_dino", "rt_detr", "lw_detr", "rf_detr",
                             "omdet_turbo", "pp_doclayout_v2", "pp_doclayout_v3", "pp_doclayout_v4"})

@@ -1,7 +1,8 @@
 """multi_scale_deformable_attention against a numpy loop written from its definition (bilinear at
 (x·W − 0.5, y·H − 0.5), zero outside each level), and against the pure-PyTorch path that Deformable
 DETR's and mmcv's code falls back to (a grid_sample per level, align_corners=False), forward and
-gradients; samples outside [0, 1], on the borders and at exact pixel centres; every specialised
+gradients; samples outside [0, 1], on the borders and at exact pixel centres (the location gradient
+taking grid_sample's side where the rounding decides it); every specialised
 channel count (16, 32, 64) and another; 16-bit floats; bad levels."""
 
 import numpy as np
@@ -134,6 +135,36 @@ def test_equals_the_grid_sample_path_forward_and_backward(channels):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for name, g, w in zip(("value", "sampling_locations", "attention_weights"), got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"grad of {name}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_location_gradient_at_pixel_centres_takes_grid_samples_side(dtype):
+    # Every pixel centre (i + 0.5) / W of levels whose widths and heights are not powers of two:
+    # there x·W − 0.5 lands within an ulp of a whole pixel, and how it rounds decides floor(), so
+    # the side the location gradient is taken from (the derivative jumps there). The gradient must
+    # be autograd's through the grid_sample path; the forward stays the sampled value either way.
+    sizes = [[3, 5], [7, 11], [13, 17], [9, 3], [25, 38]]
+    shapes, starts, s = pyramid(sizes)
+    queries = max(h * w for h, w in sizes)
+    loc = torch.empty(1, queries, 1, len(sizes), 1, 2, dtype=torch.float64)
+    for lv, (hh, ww) in enumerate(sizes):
+        q = torch.arange(queries, dtype=torch.float64) % (hh * ww)
+        loc[0, :, 0, lv, 0, 0] = (q % ww + 0.5) / ww
+        loc[0, :, 0, lv, 0, 1] = (torch.div(q, ww, rounding_mode="floor") + 0.5) / hh
+    loc = loc.to(dtype)
+    value = r([1, s, 1, 3], "float64", seed=60).to(dtype)
+    weights = r([1, queries, 1, len(sizes), 1], "float64", seed=61, low=0.5, high=1).to(dtype)
+    grad = r([1, queries, 3], "float64", seed=62).to(dtype)
+    got_leaves = [t.clone().requires_grad_() for t in (value, loc, weights)]
+    got = msda(got_leaves[0], shapes, starts, got_leaves[1], got_leaves[2])
+    got_grads = torch.autograd.grad(got, got_leaves, grad)
+    ref_leaves = [t.clone().requires_grad_() for t in (value, loc, weights)]
+    want = torch_path(ref_leaves[0], shapes.tolist(), ref_leaves[1], ref_leaves[2])
+    want_grads = torch.autograd.grad(want, ref_leaves, grad)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got, want, **tol)
+    for name, g, w in zip(("value", "sampling_locations", "attention_weights"), got_grads, want_grads):
+        torch.testing.assert_close(g, w, **tol, msg=lambda m: f"grad of {name}: {m}")
 
 
 def test_results_do_not_depend_on_the_thread_count():

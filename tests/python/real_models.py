@@ -12,6 +12,7 @@ its spread). tests/python/test_models.py judges it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -23,6 +24,21 @@ import torch
 
 import opbridge
 from opbridge._library.kinds import tensor_leaves
+
+
+class _Fields(torch.nn.Module):
+    """A transformers model's output fields as a tuple (its ModelOutput is a dict with optional
+    entries). In eval mode like the model: torch.onnx.export gives every submodule its top module's
+    training mode back, so a wrapper left in training mode would put BatchNorm in training mode."""
+
+    def __init__(self, inner, fields):
+        super().__init__()
+        self.inner, self.fields = inner, list(fields)
+        self.eval()
+
+    def forward(self, pixel_values):
+        out = self.inner(pixel_values=pixel_values)
+        return tuple(getattr(out, f) for f in self.fields)
 
 
 def deformable_detr():
@@ -39,18 +55,8 @@ def deformable_detr():
     model = DeformableDetrModel(config).eval()
     pixels = torch.rand(1, 3, 128, 160, generator=torch.Generator().manual_seed(1))
 
-    class Outputs(torch.nn.Module):
-        """The model's tensors as a tuple (its ModelOutput is a dict with optional entries)."""
-
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, pixel_values):
-            out = self.inner(pixel_values=pixel_values)
-            return out.last_hidden_state, out.encoder_last_hidden_state
-
-    return Outputs(model), (pixels,), ["last_hidden_state", "encoder_last_hidden_state"]
+    names = ["last_hidden_state", "encoder_last_hidden_state"]
+    return _Fields(model, names), (pixels,), names
 
 
 def _openpoints(model_cfg: dict):
@@ -138,9 +144,12 @@ def pyg_dgcnn():
     return DGCNN().eval(), first, ["logits"], second
 
 
-def pyg_pointnet2():
+def pyg_pointnet2(fps_options=None):
     """PointNet++ set abstraction on PyTorch Geometric 2.8: fps and radius (torch.ops.pyg, see
-    pyg_dgcnn), PointNetConv on the pairs, then a global max pool and a head."""
+    pyg_dgcnn), PointNetConv on the pairs, then a global max pool and a head. fps starts at each
+    example's first point, so that values can be compared (pyg_pointnet2_random_start: PyG's
+    default)."""
+    fps_options = {"random_start": False} if fps_options is None else fps_options
     import opbridge.compat
 
     opbridge.compat.install("pyg_lib")
@@ -153,7 +162,7 @@ def pyg_pointnet2():
             self.conv = PointNetConv(MLP(channels, norm=None), add_self_loops=False)
 
         def forward(self, x, pos, batch):
-            idx = fps(pos, batch, ratio=self.ratio, random_start=False)
+            idx = fps(pos, batch, ratio=self.ratio, **fps_options)
             row, col = radius(pos, pos[idx], self.r, batch, batch[idx], max_num_neighbors=32)
             x = self.conv((x, None if x is None else x[idx]), (pos, pos[idx]), torch.stack([col, row], dim=0))
             return x, pos[idx], batch[idx]
@@ -174,8 +183,117 @@ def pyg_pointnet2():
     return PointNet2().eval(), first, ["logits"], second
 
 
+def pyg_pointnet2_random_start():
+    """pyg_pointnet2 as PyG calls fps by default (random_start=True): every output is random by
+    the declaration of furthest_point_sampling_ratio, which opbridge.verify reads."""
+    return pyg_pointnet2(fps_options={})
+
+
+def _mask2former(backbone):
+    """transformers' Mask2FormerModel, tiny and random (nothing downloaded), on a backbone of
+    transformers' own: its pixel decoder's deformable attention is the module-level
+    multi_scale_deformable_attention, which opbridge.compat.deformable_attention substitutes (with
+    the attention module's forward, whose divisor of the offsets a trace would fix). Exported with
+    the image's height and width dynamic, and run at a second image size."""
+    import opbridge.compat.deformable_attention  # noqa: F401  its rules
+    from transformers import Mask2FormerConfig, Mask2FormerModel
+
+    torch.manual_seed(0)
+    config = Mask2FormerConfig(backbone_config=backbone, feature_size=32, mask_feature_size=32, hidden_dim=32,
+                               encoder_feedforward_dim=64, encoder_layers=1, decoder_layers=2, num_attention_heads=4,
+                               dim_feedforward=64, num_queries=8, use_pretrained_backbone=False)
+    model = Mask2FormerModel(config).eval()
+    first = (torch.rand(1, 3, 128, 160, generator=torch.Generator().manual_seed(1)),)
+    second = (torch.rand(1, 3, 96, 128, generator=torch.Generator().manual_seed(2)),)
+    names = ["pixel_decoder_last_hidden_state", "transformer_decoder_last_hidden_state"]
+    return _Fields(model, names), first, names, \
+        second, {"input_names": ["pixel_values"], "dynamic_axes": {"pixel_values": {2: "height", 3: "width"}}}
+
+
+def mask2former_resnet():
+    from transformers import ResNetConfig
+
+    return _mask2former(ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+                                     out_features=["stage1", "stage2", "stage3", "stage4"]))
+
+
+def mask2former_swin():
+    from transformers import SwinConfig
+
+    return _mask2former(SwinConfig(embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 2, 2, 4], window_size=4,
+                                   out_features=["stage1", "stage2", "stage3", "stage4"]))
+
+
+def _pyg_point_counts():
+    """Two clouds of 64 points (30 + 34) and, for the exports to be run at, three of 100 points
+    (20 + 50 + 30): the point count and the number of examples both differ."""
+    g = torch.Generator().manual_seed(4)
+    first = (torch.rand(64, 3, generator=g), torch.repeat_interleave(torch.arange(2), torch.tensor([30, 34])))
+    second = (torch.rand(100, 3, generator=g), torch.repeat_interleave(torch.arange(3), torch.tensor([20, 50, 30])))
+    return first, second
+
+
+def _radius_graph_reference(pos: np.ndarray, batch: np.ndarray, r: float, cap: int) -> np.ndarray:
+    """PyG's radius_graph(loop=False) by brute force: for each point i, the (at most cap) lowest
+    other rows j of its example closer than r, as edges [j, i] ordered by i, then j."""
+    d = ((pos[:, None] - pos[None]) ** 2).sum(-1)
+    edges = []
+    for i in range(len(pos)):
+        js = [j for j in np.nonzero((d[i] < r * r) & (batch == batch[i]))[0] if j != i][:cap]
+        edges += [(j, i) for j in js]
+    return np.array(edges, dtype=np.int64).reshape(-1, 2).T
+
+
+def pyg_radius_graph():
+    """PyTorch Geometric 2.8's radius_graph with its default loop=False (pyg::radius with
+    ignore_same_index, see pyg_dgcnn) and a ball cap the clouds exceed, then the edges' lengths.
+    Exported with the point count dynamic; the edges at the second inputs are also compared with
+    a brute-force search."""
+    import opbridge.compat
+
+    opbridge.compat.install("pyg_lib")
+    from torch_geometric.nn import radius_graph
+
+    class RadiusGraph(torch.nn.Module):
+        def forward(self, pos, batch):
+            edge_index = radius_graph(pos, r=0.3, batch=batch, max_num_neighbors=6)
+            return edge_index, (pos[edge_index[0]] - pos[edge_index[1]]).norm(dim=-1)
+
+    first, second = _pyg_point_counts()
+
+    def reference(inputs, outputs) -> bool:
+        want = _radius_graph_reference(inputs[0].numpy(), inputs[1].numpy(), 0.3, 6)
+        return want.shape == outputs[0].shape and bool((want == outputs[0]).all())
+
+    return RadiusGraph().eval(), first, ["edge_index", "length"], second, {
+        "input_names": ["pos", "batch"], "dynamic_axes": {"pos": {0: "n"}, "batch": {0: "n"}}, "reference": reference}
+
+
+def pyg_schnet():
+    """PyTorch Geometric 2.8's SchNet, small: radius_graph (loop=False) for the interaction graph,
+    continuous-filter convolutions, and a sum readout per molecule whose size PyG reads as
+    int(batch.max()) + 1 (substituted, see opbridge.compat.pyg_lib). Exported with the atom count
+    dynamic; run at a second batch of another atom count and another number of molecules."""
+    import opbridge.compat
+
+    opbridge.compat.install("pyg_lib")
+    from torch_geometric.nn.models import SchNet
+
+    torch.manual_seed(0)
+    model = SchNet(hidden_channels=32, num_filters=32, num_interactions=2, num_gaussians=16, cutoff=0.3,
+                   max_num_neighbors=6).eval()
+    (pos, batch), (pos2, batch2) = _pyg_point_counts()
+    g = torch.Generator().manual_seed(5)
+    first = (torch.randint(1, 10, (pos.size(0),), generator=g), pos, batch)
+    second = (torch.randint(1, 10, (pos2.size(0),), generator=g), pos2, batch2)
+    return model, first, ["energy"], second, {
+        "input_names": ["z", "pos", "batch"], "dynamic_axes": {"z": {0: "n"}, "pos": {0: "n"}, "batch": {0: "n"}}}
+
+
 MODELS = {"deformable_detr": deformable_detr, "pointnet2_cls": pointnet2_cls, "pointnet2_seg": pointnet2_seg,
-          "pyg_dgcnn": pyg_dgcnn, "pyg_pointnet2": pyg_pointnet2}
+          "pyg_dgcnn": pyg_dgcnn, "pyg_pointnet2": pyg_pointnet2,
+          "pyg_pointnet2_random_start": pyg_pointnet2_random_start, "pyg_radius_graph": pyg_radius_graph,
+          "pyg_schnet": pyg_schnet, "mask2former_resnet": mask2former_resnet, "mask2former_swin": mask2former_swin}
 
 
 def _outputs(out) -> list[np.ndarray]:
@@ -216,7 +334,11 @@ def _median_ms(fn, runs: int = 5) -> float:
 
 def main(name: str, report_path: str) -> None:
     model, args, names, *rest = MODELS[name]()
-    second = rest[0] if rest else None  # other inputs of the same shapes, for the exports to be run at
+    # Other inputs, for the exports to be run at: of the same shapes, or of other sizes along the
+    # axes the model's spec (input_names, dynamic_axes) declares dynamic.
+    second = rest[0] if rest else None
+    spec = dict(rest[1]) if len(rest) > 1 else {}
+    reference = spec.pop("reference", None)  # (inputs, ONNX Runtime's outputs) -> whether they are right
     with torch.no_grad():
         try:  # the model's own path: a Function over a missing CUDA extension cannot run
             original = _outputs(model(*args))
@@ -236,7 +358,7 @@ def main(name: str, report_path: str) -> None:
     for exporter in opbridge.EXPORTERS:
         entry = report["exports"][exporter] = {}
         try:
-            proto = opbridge.export(model, args, exporter=exporter, output_names=names)
+            proto = opbridge.export(model, args, exporter=exporter, output_names=names, **spec)
             sess = opbridge.session(proto)
             feeds = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), tensor_leaves(args))}
             got = sess.run(None, feeds)
@@ -246,6 +368,11 @@ def main(name: str, report_path: str) -> None:
             entry["vs_original"] = max(float(np.abs(g - w).max()) for g, w in zip(got, original))
             entry["vs_substituted"] = max(float(np.abs(g - w).max()) for g, w in zip(got, substituted))
             entry["scale"] = max(float(np.abs(w).max()) for w in original)
+            try:  # opbridge.verify's own verdict, which knows outputs random by declaration
+                with torch.no_grad(), opbridge.substitutions(model):
+                    entry["verify"] = [dataclasses.asdict(o) for o in opbridge.verify(model, args, proto, sess=sess).outputs]
+            except Exception as e:  # noqa: BLE001 - the report says why; the test decides
+                entry["verify_error"] = f"{type(e).__name__}: {e}"
             # Timed with its threads not spinning after a run, which would slow the eager runs between.
             quiet = opbridge.session_options()
             quiet.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -254,7 +381,20 @@ def main(name: str, report_path: str) -> None:
                 with torch.no_grad(), opbridge.substitutions(model):
                     want = _outputs(model(*second))
                 got = sess.run(None, {i.name: t.numpy() for i, t in zip(sess.get_inputs(), tensor_leaves(second))})
-                entry["second_vs_substituted"] = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
+                if any(g.shape != w.shape for g, w in zip(got, want)):
+                    raise AssertionError(f"at the second inputs ONNX Runtime gives shapes {[g.shape for g in got]}, "
+                                         f"eager {[w.shape for w in want]}")
+                entry["second_vs_substituted"] = max(float(np.abs(g - w).max()) if g.size else 0.0
+                                                     for g, w in zip(got, want))
+                # Integer outputs (indices, edges) must be equal, not close.
+                entry["second_integers_equal"] = all(np.array_equal(g, w) for g, w in zip(got, want)
+                                                     if np.issubdtype(w.dtype, np.integer))
+                if reference is not None:
+                    entry["second_vs_reference"] = reference(second, got)
+                if spec.get("dynamic_axes"):  # opbridge.verify at the second size, as a user would run it
+                    checked = opbridge.verify(model, second, proto)
+                    entry["second_verify_ran"] = not checked.cannot_run
+                    entry["second_verify_max_abs"] = max((o.max_abs for o in checked.outputs), default=None)
         except Exception as e:  # the report says what failed; the test decides
             entry["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
     timing = _interleaved(model, args, sessions)

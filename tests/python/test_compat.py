@@ -9,13 +9,14 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import opbridge
-from opbridge.compat import pyg_lib, torch_cluster as tc, torch_scatter as ts
+from opbridge.compat import pointops as po, pyg_lib, torch_cluster as tc, torch_scatter as ts
 
 # torch_cluster 1.6.3's and torch_scatter 2.1.2's signatures (parameters and defaults), read from
 # the packages; checked against them again below where they are installed.
@@ -142,7 +143,7 @@ def test_nearest_is_the_argmin_within_the_example():
     np.testing.assert_array_equal(tc.nearest(x, y, bx, by).numpy(), d.argmin(1))
     with pytest.raises(ValueError, match="do not occur in 'batch_y'"):
         tc.nearest(x, y[by == 0], bx, by[by == 0])
-    with pytest.raises(ValueError, match="'batch_x' is not sorted"):
+    with pytest.raises(RuntimeError, match=r"opbridge::batch_pointers: torch_cluster\.nearest: batch_x must be sorted"):
         tc.nearest(x, y, bx.flip(0), by)
 
 
@@ -367,8 +368,10 @@ def test_compat_calls_export_and_keep_the_number_of_examples_an_input(exporter):
     proto = opbridge.export(model, (pos, batch), exporter=exporter)
     nodes = {n.op_type for n in proto.graph.node if n.domain == "opbridge"}
     # Under torch.jit.trace pos.size(0) is a traced size, which opbridge's scatter cannot take as
-    # its dim_size attribute: PyTorch's scatter carries that reduction there.
-    assert nodes == ({"KnnQuery", "ScatterReduceArg"} if exporter == "dynamo" else {"KnnQuery"})
+    # its dim_size attribute: PyTorch's scatter carries that reduction there. The batch vector
+    # becomes segments in a node that checks it (BatchPointers).
+    assert nodes == ({"BatchPointers", "KnnQuery", "ScatterReduceArg"} if exporter == "dynamo"
+                     else {"BatchPointers", "KnnQuery"})
     pos3, batch3 = _cloud(200, examples=3, seed=20, dtype=torch.float32)  # three examples now
     sess = opbridge.session(proto)
     got = sess.run(None, dict(zip([i.name for i in sess.get_inputs()], [pos3.numpy(), batch3.numpy()])))[0]
@@ -396,3 +399,250 @@ def test_the_real_packages_functions_export_through_their_twins(exporter):
     sess = opbridge.session(proto)
     got = sess.run(None, dict(zip([i.name for i in sess.get_inputs()], [pos3.numpy(), batch3.numpy()])))[0]
     np.testing.assert_allclose(got, Layer()(pos3, batch3).numpy(), atol=1e-6)  # the real packages, eagerly
+
+
+# ---- batch vectors: one rule --------------------------------------------------------------------
+
+_UNSORTED, _NEGATIVE = [0, 1, 0, 1, 0, 1, 0, 1], [-1, -1, -1, -1, 0, 0, 0, 0]
+_BATCH_ERRORS = {"unsorted": (_UNSORTED, r" must be sorted, but \w+\[1\] = 1 > \w+\[2\] = 0"),
+                 "negative": (_NEGATIVE, r"\w+\[0\] = -1 is negative")}
+
+
+def _batch_functions(x, b):
+    """Every compat function that takes a batch vector, called with batch vector b."""
+    return {
+        "torch_cluster.knn": lambda: tc.knn(x, x, 2, b, b),
+        "torch_cluster.knn(5-D)": lambda: tc.knn(torch.cat([x, x[:, :2]], 1), torch.cat([x, x[:, :2]], 1), 2, b, b),
+        "torch_cluster.knn_graph": lambda: tc.knn_graph(x, 2, b),
+        "torch_cluster.nearest": lambda: tc.nearest(x, x, b, b),
+        "torch_cluster.fps": lambda: tc.fps(x, b, 0.5, random_start=False),
+        "torch_cluster.radius": lambda: tc.radius(x, x, 0.5, b, b),
+        "torch_cluster.radius_graph": lambda: tc.radius_graph(x, 0.5, b),
+        "torch_scatter.segment_coo": lambda: ts.segment_coo(x, b, dim_size=2),
+        "torch_scatter.segment_coo(int)": lambda: ts.segment_coo(x.long(), b, dim_size=2),
+        "torch_scatter.segment_max_coo": lambda: ts.segment_max_coo(x, b, dim_size=2),
+        "pointops.batch2offset": lambda: po.batch2offset(b),
+    }
+
+
+@pytest.mark.parametrize("bad", list(_BATCH_ERRORS))
+@pytest.mark.parametrize("fn", list(_batch_functions(torch.zeros(8, 3), torch.zeros(8, dtype=torch.long))))
+def test_every_batch_vector_function_refuses_a_negative_or_unsorted_one(fn, bad):
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(0))
+    values, match = _BATCH_ERRORS[bad]
+    with pytest.raises(RuntimeError, match=r"opbridge::\w+: .*" + match):
+        _batch_functions(x, torch.tensor(values))[fn]()
+    _batch_functions(x, torch.tensor(sorted(abs(v) for v in values)))[fn]()  # the rule kept: it runs
+
+
+class _BatchUser(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x, batch):
+        return {"knn": lambda: tc.knn(x, x, 2, batch, batch),
+                "knn_graph": lambda: tc.knn_graph(x, 2, batch),
+                "nearest": lambda: tc.nearest(x, x, batch, batch),
+                "fps": lambda: tc.fps(x, batch, 0.5, random_start=False)}[self.fn]()
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+@pytest.mark.parametrize("fn", ["knn", "knn_graph", "nearest", "fps"])
+def test_exported_batch_vector_functions_refuse_what_eager_refuses(fn, exporter):
+    if exporter == "torchscript" and fn != "knn":
+        pytest.skip("one function shows the TorchScript exporter's graph; the rule is the same node")
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(1))
+    good = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    model = _BatchUser(fn)
+    proto = opbridge.export(model, (x, good), None, exporter=exporter, input_names=["x", "batch"],
+                            dynamic_axes={"x": {0: "n"}, "batch": {0: "n"}})
+    sess = opbridge.session(proto)
+    np.testing.assert_array_equal(sess.run(None, {"x": x.numpy(), "batch": good.numpy()})[0], model(x, good).numpy())
+    for values, match in _BATCH_ERRORS.values():
+        with pytest.raises(Exception, match=r"opbridge::batch_pointers.*torch_cluster\.\w+: \w+" + match):
+            sess.run(None, {"x": x.numpy(), "batch": np.array(values, np.int64)})
+
+
+def test_knn_asks_the_tree_for_no_more_neighbours_than_points():
+    # A k far above the cloud's size gives the dense path's result, without (m, k) tables.
+    x, bx = _cloud(60, seed=23)
+    y, by = _cloud(20, seed=24)
+    seen = []
+
+    class Record(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.opbridge.knn_query.default:
+                seen.append(kwargs.get("k", args[4] if len(args) > 4 else None))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        got = tc.knn(x, y, 10**6, bx, by)
+    assert seen and max(seen) <= 60
+    from opbridge.compat import _batches
+    ptr_x, ptr_y = _batches.ptr_of(bx, x, 3, "t", "batch_x"), _batches.ptr_of(by, y, 3, "t", "batch_y")
+    want = _batches.pairs(_batches.dense_knn(x, y, 10**6, ptr_x, ptr_y))
+    assert torch.equal(got, want)
+    np.testing.assert_array_equal(got.numpy(), _knn_ref(x, y, 10**6, bx, by))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak RSS from /proc")
+def test_knn_with_a_huge_k_keeps_its_memory_bounded():
+    # The peak from /proc (VmHWM, this process's own): ru_maxrss carries the parent's over exec.
+    code = ("import torch\nfrom opbridge.compat import torch_cluster as tc\n"
+            "peak = lambda: int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1])\n"
+            "x = torch.randn(200, 3)\ntc.knn(x, x, 4)\nbefore = peak()\n"
+            "e = tc.knn(x, x, 100_000)\nassert e.shape == (2, 200 * 200), e.shape\n"
+            "print((peak() - before) // 1024)")
+    r = _python(code)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[-1]) < 64, f"knn with k = 100000 over 200 points grew the peak by {r.stdout} MiB"
+
+
+# ---- torch_scatter: min and max on every path, and errors that name the function -------------
+
+
+def _min_max_ref(src, index, n_places, reduce):
+    """torch_scatter's rule by a loop: from the type's lowest (max) / largest (min) finite value, a
+    value counts if it beats that strictly; no value counted: 0 and arg n; ties to the first row."""
+    info = np.finfo(src.dtype) if src.dtype.kind == "f" else np.iinfo(src.dtype)
+    start = info.min if reduce == "max" else info.max
+    out = np.zeros((n_places,) + src.shape[1:], src.dtype)
+    arg = np.full(out.shape, len(src), np.int64)
+    for col in np.ndindex(*src.shape[1:]):
+        for place in range(n_places):
+            best, at = start, len(src)
+            for row in range(len(src)):
+                v = src[(row,) + col]
+                if index[row] == place and (v > best if reduce == "max" else v < best):
+                    best, at = v, row
+            if at < len(src):
+                out[(place,) + col], arg[(place,) + col] = best, at
+    return out, arg
+
+
+@pytest.mark.parametrize("reduce", ["min", "max"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_scatter_min_max_follow_one_rule_for_1d_and_2d_indices(reduce, dtype):
+    nan, inf = float("nan"), float("inf")
+    if dtype.is_floating_point:
+        big = torch.finfo(dtype).max
+        src = torch.tensor([[1.0, nan], [nan, nan], [3.0, -inf], [2.0, inf], [3.0, -big], [nan, big], [0.5, 2.0]],
+                           dtype=dtype)
+    else:
+        lo, hi = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+        src = torch.tensor([[1, lo], [lo, hi], [3, -4], [2, 7], [3, lo], [hi, hi], [5, 2]], dtype=dtype)
+    index = torch.tensor([0, 0, 1, 1, 1, 3, 3])  # place 2 gets nothing
+    want_v, want_a = _min_max_ref(src.numpy(), index.numpy(), 4, reduce)
+    fn = getattr(ts, f"scatter_{reduce}")
+    for idx in (index, index[:, None].expand_as(src).contiguous()):  # opbridge's op; PyTorch's scatter
+        values, arg = fn(src, idx, 0, dim_size=4)
+        np.testing.assert_array_equal(values.numpy(), want_v)
+        np.testing.assert_array_equal(arg.numpy(), want_a)
+
+
+def test_scatter_errors_name_the_function():
+    src, index = torch.randn(4, 3), torch.tensor([0, 0, 1, 1])
+    with pytest.raises(ValueError, match=r"torch_scatter\.scatter: an index on the meta device .* pass dim_size"):
+        ts.scatter(src.to("meta"), index.to("meta"), 0)
+    assert ts.scatter(src.to("meta"), index.to("meta"), 0, dim_size=2).shape == (2, 3)  # shapes only: fine
+    with pytest.raises(ValueError, match=r"torch_scatter\.scatter_max: src is on cpu and index on meta"):
+        ts.scatter_max(src, index.to("meta"), 0, dim_size=2)
+    with pytest.raises(RuntimeError, match=r"opbridge::scatter_reduce: input 'index' is on meta .* one device"):
+        torch.ops.opbridge.scatter_reduce(src, index.to("meta"), 2, "sum")
+    for fn in ("scatter_max", "scatter_min", "scatter_mean"):
+        with pytest.raises(ValueError, match=rf"torch_scatter\.{fn}: a bool src supports reduce='sum' only"):
+            getattr(ts, fn)(src > 0, index, 0)
+    with pytest.raises(ValueError, match=r"torch_scatter\.scatter: index must be an integer tensor"):
+        ts.scatter(src, index.float(), 0)
+    for indptr, match in (([0, 2, 9], r"indptr\[2\] = 9 is not a row boundary of src \(4 rows\)"),
+                          ([0, 3, 2], r"indptr must be non-decreasing, but indptr\[1\] = 3 > indptr\[2\] = 2"),
+                          ([-1, 2, 4], r"indptr\[0\] = -1 is not a row boundary"), ([], "indptr is empty")):
+        with pytest.raises(ValueError, match=r"torch_scatter\.segment_csr: " + match):
+            ts.segment_csr(src.int(), torch.tensor(indptr, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"torch_scatter\.segment_coo: index holds 5, outside \[0, dim_size = 2\)"):
+        ts.segment_coo(src.int(), torch.tensor([0, 0, 1, 5]), dim_size=2)
+
+
+# ---- pointops: offsets reach the ops uncast --------------------------------------------------
+
+
+def test_pointops_refuses_an_offset_int32_cannot_hold():
+    xyz = torch.randn(30, 3, generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match=r"pointops\.farthest_point_sampling: new_offset holds 8589934597"):
+        po.farthest_point_sampling(xyz, torch.tensor([30]), torch.tensor([2**33 + 5]))
+    with pytest.raises(ValueError, match=r"pointops\.knn_query: offset holds 4294967326"):
+        po.knn_query(2, xyz, torch.tensor([2**32 + 30]))
+    with pytest.raises(ValueError, match=r"pointops\.ball_query: offset must be an integer tensor"):
+        po.ball_query(2, 0.5, 0.0, xyz, torch.tensor([30.0]))
+    # int64 offsets that fit run as the int32 ones do.
+    i64, i32 = po.knn_query(4, xyz, torch.tensor([12, 30])), po.knn_query(4, xyz, torch.tensor([12, 30]).int())
+    assert torch.equal(i64[0], i32[0]) and torch.equal(i64[1], i32[1])
+    assert torch.equal(po.farthest_point_sampling(xyz, torch.tensor([12, 30]), torch.tensor([3, 7])),
+                       po.farthest_point_sampling(xyz, torch.tensor([12, 30]).int(), torch.tensor([3, 7]).int()))
+
+
+# ---- pyg-lib: radius without the query itself, row pointers ------------------------------------
+
+
+def _radius_without_self_ref(x, y, r, bx, by, cap):
+    """(2, E) [y row, x row]: per row i of y, the first `cap` rows j != i of x in its example
+    closer than r, by row."""
+    d = ((y.numpy()[:, None] - x.numpy()[None]) ** 2).sum(-1)
+    pairs = [(i, j) for i in range(len(y))
+             for j in [j for j in np.nonzero((d[i] < r * r) & (bx.numpy() == by.numpy()[i]))[0] if j != i][:cap]]
+    return np.array(pairs, dtype=np.int64).reshape(-1, 2).T
+
+
+@pytest.mark.parametrize("cap", [0, 1, 3, 64])
+@pytest.mark.parametrize("same", [True, False], ids=["graph", "two_clouds"])
+def test_pyg_radius_without_the_same_index_is_a_loop(pyg, cap, same):
+    # Dense balls: most queries hold more than cap points, so the cap applies after the query's
+    # own row is dropped (and, for two clouds, row i of x is dropped for query i of y).
+    x, bx = _cloud(120, seed=31)
+    y, by = (x, bx) if same else _cloud(120, seed=32)
+    px, py = torch.bucketize(torch.arange(4), bx), torch.bucketize(torch.arange(4), by)
+    got = pyg.radius(x, y, px, py, 0.45, cap, 1, True)
+    np.testing.assert_array_equal(got.numpy(), _radius_without_self_ref(x, y, 0.45, bx, by, cap))
+
+
+class _RadiusGraph(torch.nn.Module):
+    """PyG's radius_graph(loop=False) as it calls pyg-lib: row pointers of the batch vector, then
+    pyg::radius with ignore_same_index."""
+
+    def forward(self, pos, batch):
+        ptr = pyg_lib.index2ptr(batch)
+        return torch.ops.pyg.radius(pos, pos, ptr, ptr, 0.3, 4, 1, True)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_pyg_radius_without_the_same_index_exports_and_is_right_at_another_point_count(pyg, exporter):
+    pos, batch = _cloud(90, examples=2, seed=33, dtype=torch.float32)
+    proto = opbridge.export(_RadiusGraph(), (pos, batch), exporter=exporter, input_names=["pos", "batch"],
+                            dynamic_axes={"pos": {0: "n"}, "batch": {0: "n"}})
+    assert "Radius" in {n.op_type for n in proto.graph.node if n.domain == "opbridge"}
+    sess = opbridge.session(proto)
+    for pos, batch in ((pos, batch), _cloud(150, examples=3, seed=34, dtype=torch.float32)):
+        [got] = sess.run(None, {"pos": pos.numpy(), "batch": batch.numpy()})
+        np.testing.assert_array_equal(got, _radius_without_self_ref(pos, pos, 0.3, batch, batch, 4))
+        assert opbridge.verify(_RadiusGraph(), (pos, batch), proto).ok
+
+
+_BAD_PTRS = {"negative start": [-5, 20], "short of the rows": [0, 12], "past the rows": [0, 8, 25],
+             "going down": [0, 15, 10, 20]}
+
+
+@pytest.mark.parametrize("bad", list(_BAD_PTRS))
+@pytest.mark.parametrize("fn", ["knn", "radius", "nearest", "fps"])
+def test_pyg_row_pointers_must_rise_from_0_to_the_row_count(pyg, fn, bad):
+    x = torch.rand(20, 3, generator=torch.Generator().manual_seed(35))
+    good, ptr = torch.tensor([0, 8, 20]), torch.tensor(_BAD_PTRS[bad])
+    call = {"knn": lambda p: pyg.knn(x, x, p, good, 2), "radius": lambda p: pyg.radius(x, x, p, good, 0.5),
+            "nearest": lambda p: pyg.nearest(x, x, p, good), "fps": lambda p: pyg.fps(x, p, 0.5, False)}[fn]
+    name = "ptr" if fn == "fps" else "ptr_x"
+    with pytest.raises(ValueError, match=rf"pyg::{fn}: {name} must rise from 0 to the row count 20 without going "
+                                         rf"down, got \[{', '.join(map(str, _BAD_PTRS[bad]))}\]"):
+        call(ptr)
+    call(good)  # well-formed pointers run
+    with pytest.raises(ValueError, match=rf"pyg::{fn}: {name} is a 1-D integer tensor of row pointers"):
+        call(good.float())

@@ -14,7 +14,15 @@ both exporters, called with their data dict as openpoints calls them.
 PyTorch Geometric 2.8's DynamicEdgeConv (DGCNN) and PointNet++ set abstraction (fps, radius,
 PointNetConv): pyg-lib, which PyG calls for them, has no wheels; opbridge.compat registers its ops,
 and both exporters write opbridge's nodes for them and for PyG's max aggregation. Each export is
-also run at a second batch that splits the points differently.
+also run at a second batch that splits the points differently. radius_graph with its default
+loop=False and SchNet (whose readout sizes itself by int(batch.max()) + 1) export with the point
+count dynamic, and are run at another point count and number of examples.
+
+transformers' Mask2Former (ResNet and Swin backbones, tiny random configs): its pixel decoder's
+module-level multi_scale_deformable_attention, which passes no level_start_index, is substituted by
+opbridge.compat.deformable_attention. The TorchScript export with a dynamic image size is right at
+a second image size; the dynamo exporter refuses the dynamic size, which the model's own code
+specializes.
 """
 
 from __future__ import annotations
@@ -94,7 +102,20 @@ def test_openpoints_pointnet2_exports_with_the_substituted_ops_and_matches_eager
 
 @pytest.fixture(scope="module")
 def pyg(tmp_path_factory):
-    return _reports("torch-geometric-2.8.1", PYG, ("pyg_dgcnn", "pyg_pointnet2"), tmp_path_factory)
+    return _reports("torch-geometric-2.8.1", PYG, ("pyg_dgcnn", "pyg_pointnet2", "pyg_pointnet2_random_start",
+                                                   "pyg_radius_graph", "pyg_schnet"), tmp_path_factory)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_pyg_pointnet2_with_pyg_default_random_start_verifies_as_random_by_declaration(pyg, exporter):
+    # PyG's fps starts at a random point by default: the logits differ run to run, and verify
+    # holds them to their shape and dtype, saying why (pyg_pointnet2 compares values).
+    entry = pyg["pyg_pointnet2_random_start"]["exports"][exporter]
+    assert "error" not in entry and "verify_error" not in entry, entry
+    assert "opbridge::FurthestPointSamplingRatio" in entry["nodes"], entry["nodes"]
+    [logits] = entry["verify"]
+    assert logits["ok"] and logits["shape"] == [2, 10] and logits["dtype"] == "float32", logits
+    assert logits["random"] == "furthest_point_sampling_ratio with random_start=1", logits
 
 
 @pytest.mark.parametrize("model,nodes", [
@@ -112,3 +133,60 @@ def test_pyg_models_export_on_the_registered_pyg_ops_and_match_eager(pyg, model,
     # Run again at another split of the points between the two examples: nothing read from the
     # first batch vector (the examples' sizes, the sampled and paired counts) is baked in.
     assert entry["second_vs_substituted"] <= 1e-5 * max(1.0, entry["scale"]), entry
+
+
+@pytest.mark.parametrize("model", ["pyg_radius_graph", "pyg_schnet"])
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_pyg_radius_graph_without_loops_and_schnet_export_and_are_right_at_another_point_count(pyg, model, exporter):
+    # radius_graph's default loop=False asks pyg::radius to drop each point's own row without
+    # counting it against max_num_neighbors (SchNet's interaction graph); SchNet's readout sizes
+    # its sum by int(batch.max()) + 1. Both export, with the point count dynamic.
+    report = pyg[model]
+    assert report["eager_substituted_vs_original"] == 0.0
+    entry = report["exports"][exporter]
+    assert "error" not in entry, entry.get("error")
+    assert "opbridge::Radius" in entry["nodes"], entry["nodes"]
+    assert set(entry["nodes"]) <= {"opbridge::Radius", "opbridge::BatchPointers"}, entry["nodes"]
+    assert entry["vs_substituted"] <= 1e-5 * max(1.0, entry["scale"]), entry
+    # At 100 points in three examples (64 in two at the export): edges equal, values close, and
+    # opbridge.verify agrees; radius_graph's edges are also those of a brute-force search.
+    assert entry["second_integers_equal"], entry
+    assert entry["second_vs_substituted"] <= 1e-5 * max(1.0, entry["scale"]), entry
+    assert entry["second_verify_ran"] and entry["second_verify_max_abs"] <= 1e-5 * max(1.0, entry["scale"]), entry
+    if model == "pyg_radius_graph":
+        assert entry["second_vs_reference"], entry
+
+
+@pytest.fixture(scope="module")
+def mask2former(tmp_path_factory):
+    return _reports("transformers-5.23", TRANSFORMERS, ("mask2former_resnet", "mask2former_swin"), tmp_path_factory)
+
+
+@pytest.mark.parametrize("model", ["mask2former_resnet", "mask2former_swin"])
+def test_mask2former_exports_its_deformable_attention_as_the_fused_op_right_at_another_image_size(mask2former, model):
+    # Its pixel decoder calls transformers' module-level multi_scale_deformable_attention, which
+    # passes no level_start_index; the rule derives it. The TorchScript export, made at 128 x 160
+    # with height and width dynamic, runs at 96 x 128 as eagerly (the attention's divisor of the
+    # offsets, which the model builds with torch.tensor from the sizes, is stacked from the traced
+    # sizes instead of being fixed in the trace).
+    report = mask2former[model]
+    assert report["eager_substituted_vs_original"] < 1e-5
+    entry = report["exports"]["torchscript"]
+    assert "error" not in entry, entry.get("error")
+    assert entry["nodes"] == ["opbridge::MultiScaleDeformableAttention"] and entry["grid_samples"] == 0, entry
+    assert entry["vs_original"] < 1e-5 * max(1.0, entry["scale"]), entry
+    assert entry["second_vs_substituted"] < 1e-5 * max(1.0, entry["scale"]), entry
+    assert entry["second_verify_ran"] and entry["second_verify_max_abs"] < 1e-5 * max(1.0, entry["scale"]), entry
+
+
+@pytest.mark.parametrize("model,where", [
+    # torch.export specializes the image size in the model's own code: the position embedding's
+    # division by its last row and torch.as_tensor(spatial_shapes_list) in the pixel decoder.
+    ("mask2former_resnet", "modeling_mask2former.py"),
+    # Swin's window partition: the decomposition cannot view its padded windows symbolically.
+    ("mask2former_swin", "Cannot view a tensor")])
+def test_mask2former_with_a_dynamic_image_size_is_refused_by_the_dynamo_exporter(mask2former, model, where):
+    # Never exported fixed in silence: the export fails, and says where.
+    entry = mask2former[model]["exports"]["dynamo"]
+    assert "error" in entry and entry["error"].startswith("OpbridgeError"), entry
+    assert where in entry["error"], entry["error"]

@@ -90,7 +90,9 @@ class _OpCall:
         """The callable installed in the target's place: `signature` is the target's (None: not
         readable, arguments by position only); drop_first skips a method's self."""
         op, entry = self.op, self.entry
-        overload = op.overload
+        # The op as model code reaches it (torch.ops.<ns>.<op>), so that a rule on the op itself
+        # (symbolic attributes under the TorchScript trace, traced_sizes.py) applies here too.
+        namespace, name = op.qualified_name.split("::")
 
         def call(*args, **kwargs):
             if signature is not None:
@@ -105,7 +107,7 @@ class _OpCall:
             named = dict(entry.fixed)
             named.update((name, v) for name, v in zip(entry.params, values[1:] if drop_first else values) if name)
             inputs = [named.pop(i.name, None) for i in op.inputs]  # what is left are attributes
-            return overload(*inputs, **named)
+            return getattr(getattr(torch.ops, namespace), name)(*inputs, **named)
 
         call.__name__ = call.__qualname__ = entry.target.rsplit(".", 1)[-1]
         call.__doc__ = f"{entry.target}, substituted by opbridge: {self!r}"

@@ -3,35 +3,29 @@ models compute from sizes, such as FPS's npoint = N // 4.
 
 While the exporter traces, `x.shape[1] // 4` is a traced 0-dim tensor, but passing it to a torch
 op's int (even SymInt) argument records a constant: the node would hold the example's value at
-every size. So, for the export's duration and on the exporting thread only (a TorchFunctionMode,
-whose stack is per thread), a call of an op with a symbolic attribute that arrives as a traced
-tensor runs through one generic autograd.Function instead. Its forward calls the op on the value
-as an int; its `symbolic`, which the TorchScript exporter honours, writes the op's node with the
-traced value as the attribute's input (torchscript.symbolic_for). Calls made through substitution
-rules (an autograd.Function of a model's package routed to the op) reach the op the same way.
-Nothing here names an op."""
+every size. So each op with a symbolic attribute gets a substitution rule on its PyTorch callable
+(`torch.ops.<namespace>.<op>`, substitution.py: the rule applies on the exporting thread only):
+a call whose symbolic attribute arrives as a traced tensor runs through one generic
+autograd.Function instead, and every other call goes to the op as it is. (A TorchFunctionMode
+would see the calls too, but it would stand between the model and every torch function, and the
+trace's TracerWarnings would then point at the mode instead of the model's lines.)
+The Function's forward calls the op on the value as an int; its `symbolic`, which the TorchScript
+exporter honours, writes the op's node with the traced value as the attribute's input
+(torchscript.symbolic_for). Calls made through an op definition's own rules (an autograd.Function
+of a model's package routed to the op) reach the op through torch.ops too. Nothing here names an
+op."""
 
 from __future__ import annotations
 
 import contextlib
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from .._library.manifest import OpInfo
 from .._library.registry import all_ops
 from .rules import split_args
+from .substitution import substitute, substitution_rules
 from .torchscript import symbolic_for
-
-
-def _ops_by_callable() -> dict:
-    """The ops with a symbolic attribute, by their PyTorch callables (overload and packet)."""
-    out: dict = {}
-    for op in all_ops():
-        if op.defines_torch_op and op.symbolic_attributes and op.available:
-            out[op.overload] = op
-            out[op.overload.overloadpacket] = op
-    return out
 
 
 class _SizeAttributeCall(torch.autograd.Function):
@@ -62,29 +56,31 @@ def _op(qualified_name: str) -> OpInfo:
     return next(o for o in all_ops() if o.qualified_name == qualified_name and o.defines_torch_op)
 
 
-class _TracedSizes(TorchFunctionMode):
-    def __init__(self, ops: dict):
-        super().__init__()
-        self.ops = ops
+def _rule(op: OpInfo):
+    """The op's packet as a rule's replacement: traced tensors for symbolic attributes take the
+    Function's route, and everything else calls the op."""
+    packet = op.overload.overloadpacket
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        op = self.ops.get(func)
-        if op is not None and torch.jit.is_tracing():
+    def call(*args, **kwargs):
+        if torch.jit.is_tracing():
             inputs, attrs = split_args(op, tuple(args), dict(kwargs))
             if any(isinstance(attrs.get(a.name), torch.Tensor) for a in op.symbolic_attributes):
                 values = [attrs.get(a.name, a.default) for a in op.attributes]
                 return _SizeAttributeCall.apply(op.qualified_name, *inputs, *values)
-        return func(*args, **kwargs)
+        return packet(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = op.name
+    call.__doc__ = f"{op.qualified_name}: symbolic attributes as graph values under the TorchScript trace"
+    return call
 
 
 @contextlib.contextmanager
 def traced_sizes():
-    """Within: the calling thread's traced calls of ops with symbolic attributes take the route
-    above (nothing changes where no loaded op has one)."""
-    ops = _ops_by_callable()
-    if not ops:
-        yield
-        return
-    with _TracedSizes(ops):
-        yield
+    """Makes sure every loaded op with a symbolic attribute has its rule (substitution applies it;
+    a rule of the user's own for the same op is left as it is)."""
+    known = {r.target for r in substitution_rules()}
+    for op in all_ops():
+        target = f"torch.ops.{op.qualified_name.replace('::', '.')}"
+        if op.defines_torch_op and op.symbolic_attributes and op.available and target not in known:
+            substitute(target, _rule(op), doc=f"{op.qualified_name} (symbolic attributes under the TorchScript trace)")
+    yield

@@ -339,10 +339,8 @@ def prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, se
         tried: list[str] = []
         cands = {sym: _candidates(s) for sym, s in examples.items()}
         want = None
-        for k in range(max(len(c) for c in cands.values())):
+        for k in range(max(len(c) for c in cands.values()) if all(cands.values()) else 0):
             sizes = {sym: c[min(k, len(c) - 1)] for sym, c in cands.items()}
-            if any(not c for c in cands.values()):
-                break
             args2, kwargs2 = _second_inputs(args, kwargs, axes, indices, sizes)
             try:
                 want = _eager(run, args2, kwargs2)
@@ -352,7 +350,7 @@ def prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, se
                 tried.append(f"{_sizes_text(examples, sizes)}: {type(e).__name__}: {first}")
         if want is None:
             why = ("the model ran eagerly at none of the sizes tried (" + "; ".join(tried) + ")" if tried
-                   else "no second size exists for a size below 2")
+                   else "an empty axis has no entries to make a second size of")
             proof = Proof({}, axes, "", why)
             warnings.warn(UnprovenWarning(
                 f"{who}: {', '.join(str(a) for a in axes)} declared dynamic but not proven at a second size: {why}. "

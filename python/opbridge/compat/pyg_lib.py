@@ -10,7 +10,8 @@ pyg-lib has no wheels on PyPI, so on a pip-installed CPU machine those raise
 WITH_NEAREST). It does not fake a `pyg_lib` module: PyG's import of one reads far more than these
 ops. Eager calls run opbridge's ops; opbridge.export substitutes the four ops with the functions
 here, so that both exporters trace through them to opbridge's ops (custom nodes), and substitutes
-PyG's index2ptr and scatter so that the number of examples stays an input of the graph.
+PyG's index2ptr, scatter and Aggregation.__call__ so that the number of examples stays an input of
+the graph. Row pointers that do not rise from 0 to the row count are refused, naming the op.
 """
 
 from __future__ import annotations
@@ -38,13 +39,31 @@ SCHEMAS = {  # pyg-lib's own definitions (pyg_lib/csrc/ops/*.cpp, 0.6.0 to 0.8.0
 }
 _FLAGS = ("WITH_FPS", "WITH_KNN", "WITH_RADIUS", "WITH_NEAREST")
 _LIBRARY: list = []  # the torch.library.Library that holds the definitions, kept alive
+_ORIGINALS: dict = {}  # PyG's functions that a substitution here wraps
 
 
-def _ptrs(x: Tensor, y: Tensor, ptr_x: Optional[Tensor], ptr_y: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+def _check_ptr(api: str, ptr: Optional[Tensor], rows: int, name: str) -> None:
+    """A ValueError naming `api` unless `ptr` (when given) is a 1-D integer tensor of row pointers
+    that rises from 0 to `rows` without going down: a first entry other than 0 or a last other
+    than the row count would move or drop rows of the segments in silence. Checked eagerly."""
+    if ptr is None:
+        return
+    if ptr.dim() != 1 or ptr.is_floating_point() or ptr.dtype == torch.bool:
+        raise ValueError(f"{api}: {name} is a 1-D integer tensor of row pointers, got {ptr.dtype} of shape "
+                         f"{tuple(ptr.shape)}")
+    if b.eager() and not (ptr.numel() >= 1 and int(ptr[0]) == 0 and int(ptr[-1]) == rows and
+                          bool((ptr[1:] >= ptr[:-1]).all())):
+        raise ValueError(f"{api}: {name} must rise from 0 to the row count {rows} without going down, got "
+                         f"{ptr[:6].tolist()}{' ...' if ptr.numel() > 6 else ''}")
+
+
+def _ptrs(x: Tensor, y: Tensor, ptr_x: Optional[Tensor], ptr_y: Optional[Tensor], api: str) -> tuple[Tensor, Tensor]:
     """Both pointers as int64 of one length: a missing one is one segment, and each is followed by
     as many empty segments as the other has entries (PyG passes the pointers of two batch vectors,
     whose lengths follow each one's max; padding both by the other's length needs no comparison
     of data-dependent sizes while exporting)."""
+    _check_ptr(api, ptr_x, x.size(0), "ptr_x")
+    _check_ptr(api, ptr_y, y.size(0), "ptr_y")
     px = b.whole(x) if ptr_x is None else ptr_x.long()
     if ptr_x is ptr_y and (ptr_x is not None or x is y):  # one batch vector's (knn_graph)
         return px, px
@@ -61,6 +80,7 @@ def _points(api: str, x: Tensor, y: Tensor, cosine: bool = False) -> tuple[Tenso
 
 
 def fps(src: Tensor, ptr: Tensor, ratio: float = 0.5, random_start: bool = True) -> Tensor:
+    _check_ptr("pyg::fps", ptr, src.size(0), "ptr")
     return torch.ops.opbridge.furthest_point_sampling_ratio(src, ptr.long(), ratio, random_start)
 
 
@@ -69,7 +89,7 @@ def knn(x: Tensor, y: Tensor, ptr_x: Optional[Tensor] = None, ptr_y: Optional[Te
     if b.empty(x, y):
         return torch.empty(2, 0, dtype=torch.long, device=x.device)
     x, y = _points("pyg::knn", x, y, cosine)
-    px, py = _ptrs(x, y, ptr_x, ptr_y)
+    px, py = _ptrs(x, y, ptr_x, ptr_y, "pyg::knn")
     return b.pairs(b.neighbours("pyg::knn", x, y, k, px, py))
 
 
@@ -78,7 +98,9 @@ def radius(x: Tensor, y: Tensor, ptr_x: Optional[Tensor] = None, ptr_y: Optional
     if b.empty(x, y):
         return torch.empty(2, 0, dtype=torch.long, device=x.device)
     x, y = _points("pyg::radius", x, y)
-    px, py = _ptrs(x, y, ptr_x, ptr_y)
+    if max_num_neighbors < 0:
+        raise ValueError(f"pyg::radius: max_num_neighbors must be >= 0, got {max_num_neighbors}")
+    px, py = _ptrs(x, y, ptr_x, ptr_y, "pyg::radius")
     batch_x, batch_y = b.segment_of(x, px), b.segment_of(y, py)
     cap = max_num_neighbors + 1 if ignore_same_index else max_num_neighbors
     edges = torch.ops.opbridge.radius(x, y, batch_x, batch_y, r=float(r), max_num_neighbors=cap)
@@ -86,16 +108,21 @@ def radius(x: Tensor, y: Tensor, ptr_x: Optional[Tensor] = None, ptr_y: Optional
         return edges
     # Drop each query's own row; it must not count towards max_num_neighbors, so one more was
     # asked for and the rest is cut to the first max_num_neighbors of each query (lowest rows).
+    # The pairs come grouped by query, at most max_num_neighbors + 1 each: a pair is a query's
+    # (max_num_neighbors + 1)-th exactly when the pair that many places before it has the same
+    # query. A shifted comparison, which both exporters write as standard ops (a searchsorted
+    # of the ranks has no ONNX export).
     edges = edges[:, edges[0] != edges[1]]
-    rank = torch.arange(edges.size(1), device=x.device) - torch.searchsorted(edges[0], edges[0])
-    return edges[:, rank < max_num_neighbors]
+    query = edges[0]
+    before = torch.cat([query.new_full((max_num_neighbors,), -1), query]).narrow(0, 0, query.size(0))
+    return edges[:, before != query]
 
 
 def nearest(x: Tensor, y: Tensor, ptr_x: Optional[Tensor] = None, ptr_y: Optional[Tensor] = None) -> Tensor:
     x, y = _points("pyg::nearest", x, y)
     if b.empty(x):
         return torch.empty(0, dtype=torch.long, device=x.device)
-    px, py = _ptrs(x, y, ptr_x, ptr_y)
+    px, py = _ptrs(x, y, ptr_x, ptr_y, "pyg::nearest")
     b.check(lambda: bool(((px[1:] > px[:-1]) <= (py[1:] > py[:-1])).all()), "pyg::nearest",
             "a segment has points in x and none in y")
     return b.neighbours("pyg::nearest", y, x, 1, py, px)[:, 0].long()
@@ -141,13 +168,29 @@ def _scatter_on_ops(original):
     return scatter
 
 
+def _aggregation_call(original):
+    """torch_geometric.nn.aggr.Aggregation.__call__ with the output size read so that neither
+    exporter bakes it: without dim_size or ptr, PyG's `int(index.max()) + 1` fails torch.export
+    (an int of a data-dependent value) and fixes the number of examples in a trace (SchNet's
+    readout). Eagerly, PyG's own."""
+
+    def __call__(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
+                 dim_size: Optional[int] = None, dim: int = -2, **kwargs) -> Tensor:
+        if not b.eager() and index is not None and ptr is None and dim_size is None:
+            dim_size = b.batch_size_of(index)
+        return original(self, x, index, ptr, dim_size, dim, **kwargs)
+
+    return __call__
+
+
 def register() -> list[str]:
     """Defines those of pyg::fps/knn/radius/nearest that nothing has defined (pyg-lib, when
     installed and imported, wins), and sets torch_geometric.typing's flags for them when PyTorch
     Geometric is installed (importing its typing module). It also adds the substitutions that
     opbridge.export applies to PyG's code: the four ops themselves (the exporters then trace these
-    functions, whoever defined the ops), index2ptr and _batch_to_ptr (sizes read without baking
-    them) and utils.scatter (on opbridge's scatter ops). The ops defined here, by name."""
+    functions, whoever defined the ops), index2ptr, _batch_to_ptr and nn.aggr's
+    Aggregation.__call__ (sizes read without baking them) and utils.scatter (on opbridge's scatter
+    ops). The ops defined here, by name."""
     if importlib.util.find_spec("pyg_lib") is not None:
         import pyg_lib  # noqa: F401  its ops, where it has them
     added = [name for name in SCHEMAS if not _defined(name)]
@@ -166,6 +209,14 @@ def register() -> list[str]:
             import torch_geometric.utils._scatter as pyg_scatter
 
             opbridge.substitute("torch_geometric.utils._scatter.scatter", _scatter_on_ops(pyg_scatter.scatter))
+        if importlib.util.find_spec("torch_geometric.nn.aggr.base") is not None:
+            from torch_geometric.nn.aggr.base import Aggregation
+
+            # PyG's own, kept from the first call (a later one may run inside a substitutions() block).
+            _ORIGINALS.setdefault("Aggregation.__call__", vars(Aggregation)["__call__"])
+            opbridge.substitute("torch_geometric.nn.aggr.base.Aggregation.__call__",
+                                _aggregation_call(_ORIGINALS["Aggregation.__call__"]),
+                                doc="opbridge.compat.pyg_lib: Aggregation.__call__, its size read without baking it")
     for name in SCHEMAS:  # exports trace these functions, not the ops (pyg-lib's own have no export)
         opbridge.substitute(f"torch.ops.pyg.{name}", getattr(sys.modules[__name__], name))
     opbridge.substitute("torch_geometric.index.index2ptr", index2ptr)
