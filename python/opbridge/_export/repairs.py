@@ -64,11 +64,16 @@ def squeeze_only_ones(proto: onnx.ModelProto) -> None:
     constants = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     constants.update((n.output[0], numpy_helper.to_array(n.attribute[0].t)) for n in g.node
                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value")
+    # The ranks the exporter recorded for the Squeezes' outputs: where PyTorch kept an axis whose
+    # size is symbolic (torch.export takes a dynamic size to be >= 2), the output has the input's rank.
+    recorded = {v.name: len(v.type.tensor_type.shape.dim) for v in [*proto.graph.value_info, *proto.graph.output]
+                if v.type.tensor_type.HasField("shape")}
     for node in squeezes:
         shape, axes = shapes.get(node.input[0]), constants.get(node.input[1])
         if shape is None or axes is None:
             continue
         sizes = [shape[int(a)] for a in axes.reshape(-1) if -len(shape) <= int(a) < len(shape)]
-        if sizes and all(s is not None and s != 1 for s in sizes):  # PyTorch keeps such axes
+        kept = recorded.get(node.output[0]) == len(shape) and all(s != 1 for s in sizes)
+        if sizes and (kept or all(s is not None and s != 1 for s in sizes)):  # PyTorch keeps such axes
             node.op_type = "Identity"
             del node.input[1:]
