@@ -130,9 +130,11 @@ def test_pyg_pointnet2_with_pyg_default_random_start_verifies_as_random_by_decla
     assert logits["random"] == "furthest_point_sampling_ratio with random_start=1", logits
 
 
+# BatchPointers: the batch vector becomes row pointers through the op that refuses an unsorted or
+# negative one, in ONNX Runtime as eagerly.
 @pytest.mark.parametrize("model,nodes", [
-    ("pyg_dgcnn", {"KnnQuery", "ScatterReduceArg"}),
-    ("pyg_pointnet2", {"FurthestPointSamplingRatio", "Radius", "ScatterReduceArg"})])
+    ("pyg_dgcnn", {"BatchPointers", "KnnQuery", "ScatterReduceArg"}),
+    ("pyg_pointnet2", {"BatchPointers", "FurthestPointSamplingRatio", "Radius", "ScatterReduceArg"})])
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_pyg_models_export_on_the_registered_pyg_ops_and_match_eager(pyg, model, nodes, exporter):
     report = pyg[model]
