@@ -54,3 +54,17 @@ def test_an_unused_input_is_refused_unless_allowed_then_a_warning(exporter):
         opbridge.export(Ignores(), args, exporter=exporter, input_names=["x", "unused"])
     with pytest.warns(UserWarning, match="does not take the input 'unused'"):
         opbridge.export(Ignores(), args, exporter=exporter, input_names=["x", "unused"], allow_unused_inputs=True)
+
+
+class Branches(torch.nn.Module):
+    """x and y are read only inside the If's branches."""
+
+    def forward(self, c, x, y):
+        return torch.cond(c.sum() > 0, lambda x, y: x * 2, lambda x, y: y + 1, (x, y))
+
+
+def test_inputs_read_inside_a_subgraph_are_taken():
+    args = (torch.ones(2), torch.rand(3), torch.rand(3))
+    proto = opbridge.export(Branches(), args, exporter="dynamo", input_names=["c", "x", "y"])
+    assert any(n.op_type == "If" for n in proto.graph.node)
+    assert opbridge.verify(Branches(), args, proto).ok

@@ -186,3 +186,32 @@ def test_outputs_random_by_declaration_are_held_to_dtype_and_rank_at_the_second_
     # Random picks differ between runs; the proof must not call that a wrong model.
     proto = _export(RandomStart(), (src, ptr), "dynamo", check_args=(torch.rand(60, 3), torch.tensor([0, 60])), **kw)
     assert proto is not None
+
+
+class TrainingBatchNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return self.norm(x) * 2
+
+
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_the_proof_leaves_the_model_as_it_was(exporter):
+    # A model left in training mode: the proof's eager calls would update BatchNorm's statistics.
+    model = TrainingBatchNorm().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    _export(model, (torch.randn(6, 4),), exporter, input_names=["x"], dynamic_axes={"x": {0: "b"}})
+    assert model.training and model.norm.training
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_a_value_eager_gives_as_infinite_or_nan_is_a_difference():
+    from opbridge._runtime.second_size import _gap
+
+    for want, got in (([1.0, np.inf, 5.0], [1.0, 3.0, 500.0]), ([np.nan, 5.0], [0.0, 500.0])):
+        gap = _gap("y", np.array(got), np.array(want), 1e-5, 1e-6)
+        assert gap.excess == np.inf, (want, got, gap)
+    assert _gap("y", np.array([1.0, np.inf]), np.array([1.0, np.inf]), 1e-5, 1e-6).excess == 0.0

@@ -15,7 +15,9 @@ import torch
 
 from .._library.errors import OpbridgeError
 from .._library.kinds import tensor_leaves
-from .._runtime.second_size import match_inputs, parameter_names, tensor_paths
+from .._runtime.feeds import match_inputs, parameter_names, tensor_paths
+from .._runtime.second_size import as_exported
+from .._runtime.verify import referenced
 from .foreign import ForeignCall, called_operators
 from .isolation import isolated
 from .substitution import substitutions
@@ -35,9 +37,9 @@ def check_inputs(proto: onnx.ModelProto, model, args: tuple, kwargs: dict | None
     trace's TracerWarnings (warnings.WarningMessage), whose lines read tensors as Python values."""
     graph_inputs = [i.name for i in proto.graph.input]
     tensors = tensor_leaves((args, kwargs or {}))
-    # An input no node reads and no output is: the exporter kept it, and baked its value.
-    read = {name for node in proto.graph.node for name in node.input} | {o.name for o in proto.graph.output}
-    read |= {name for fn in proto.functions for node in fn.node for name in node.input}
+    # An input no node reads (subgraphs of If / Loop included) and no output is: the exporter kept
+    # it, and baked its value.
+    read = set(referenced(proto.graph)) | {o.name for o in proto.graph.output}
     unread = [n for n in graph_inputs if n not in read]
     if len(graph_inputs) >= len(tensors) and not unread:
         return
@@ -51,7 +53,7 @@ def check_inputs(proto: onnx.ModelProto, model, args: tuple, kwargs: dict | None
     paths = tensor_paths(args, kwargs or {})
     given = list(names) if names and len(names) == len(tensors) else parameter_names(model, args, kwargs or {},
                                                                                       len(tensors))
-    which = [f"'{n}' ({paths[given.index(n)]})" for n in dropped] if dropped and given else \
+    which = [f"'{n}' ({paths[given.index(n)]})" if n in given else f"'{n}'" for n in dropped] if dropped and given else \
         [f"{len(tensors) - len(graph_inputs)} of {len(tensors)} ({', '.join(paths)}; the graph takes "
          f"{', '.join(graph_inputs)})"]
     text = (f"opbridge.export: the exported graph does not take the input{'s' if len(which) > 1 else ''} "
@@ -60,7 +62,7 @@ def check_inputs(proto: onnx.ModelProto, model, args: tuple, kwargs: dict | None
             "into uses it (an autograd.Function over a compiled extension: give it a substitution rule, "
             "@opbridge.substitute('package.module.Function'), docs/authoring.md); or the model does not use it."
             + " Pass allow_unused_inputs=True if the model ignores it on purpose." + _read_as_values(traced or []))
-    with substitutions(*_modules(model)):  # the model runs as it was traced
+    with substitutions(*_modules(model)), as_exported(model, exporter):  # the model runs as it was traced
         hidden = called_operators(model, args, kwargs or {})
     if hidden:
         text += ("\nThe model calls code a trace cannot see into: " + ", ".join(hidden) + ". Substitute the one "

@@ -41,7 +41,8 @@ class _SizeAttributeCall(torch.autograd.Function):
         state = torch._C._get_tracing_state()
         torch._C._set_tracing_state(None)
         try:
-            attrs = {a.name: int(v) if isinstance(v, torch.Tensor) else v
+            symbolic = {a.name for a in op.symbolic_attributes}
+            attrs = {a.name: (int(v) if a.name in symbolic else v.item()) if isinstance(v, torch.Tensor) else v
                      for a, v in zip(op.attributes, args[n:]) if v is not None}
             return op.overload(*args[:n], **attrs)
         finally:

@@ -19,6 +19,7 @@ close than the tolerance itself. Integer and boolean outputs must be equal.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import warnings
@@ -30,6 +31,7 @@ import torch
 
 from .._library.errors import OpbridgeError
 from .._library.kinds import tensor_leaves
+from .feeds import match_inputs, tensor_paths
 
 log = logging.getLogger("opbridge")
 
@@ -70,49 +72,6 @@ class Proof:
             return f"dynamic axes not proven at a second size: {self.why_not}"
         sizes = ", ".join(f"{sym}: {a} -> {b}" for sym, (a, b) in self.sizes.items())
         return f"dynamic axes proven at a second size ({self.source}): {sizes}"
-
-
-def match_inputs(graph_inputs: Sequence[str], model, args: tuple, kwargs: dict,
-                 input_names: Sequence[str] | None) -> tuple[list[tuple[str, int]], tuple[str, ...]]:
-    """Which tensor of the call (its index among the call's tensors, in order) feeds each graph
-    input: in order when the counts agree; by name where the graph has fewer inputs (an exporter
-    dropped one): `input_names` as given to export, else forward's parameter names. Returns the
-    (graph input, tensor index) pairs and the names of the call's tensors the graph does not take."""
-    tensors = tensor_leaves((args, kwargs))
-    if len(graph_inputs) == len(tensors):
-        return list(zip(graph_inputs, range(len(tensors)))), ()
-    given = list(input_names) if input_names else parameter_names(model, args, kwargs, len(tensors))
-    if given and len(given) == len(tensors) and set(graph_inputs) <= set(given):
-        pairs = [(n, k) for k, n in enumerate(given) if n in graph_inputs]
-        return pairs, tuple(n for n in given if n not in graph_inputs)
-    raise OpbridgeError(f"the ONNX model has {len(graph_inputs)} inputs ({', '.join(graph_inputs)}), the call passes "
-                        f"{len(tensors)} tensors" + (f" ({', '.join(given)})" if given else "") +
-                        "; pass input_names= as given to export to match them by name")
-
-
-def parameter_names(model, args: tuple, kwargs: dict, count: int) -> list[str] | None:
-    """The names of forward's parameters, one per tensor of the call, when each tensor is a
-    parameter's whole value (as the dynamo exporter names graph inputs); else None."""
-    import inspect
-
-    try:
-        bound = inspect.signature(getattr(model, "forward", model)).bind(*args, **kwargs)
-    except (TypeError, ValueError):
-        return None
-    names = [n for n, v in bound.arguments.items() if isinstance(v, torch.Tensor)]
-    return names if len(names) == count else None
-
-
-def tensor_paths(args: tuple, kwargs: dict) -> list[str]:
-    """Where each tensor of the call sits, as Python would index it: args[0]['pos'], kwargs['x']."""
-    flat, _ = torch.utils._pytree.tree_flatten_with_path((args, kwargs))
-    out = []
-    for path, leaf in flat:
-        if isinstance(leaf, torch.Tensor):
-            text = torch.utils._pytree.keystr(path)  # "[0][0]['pos']"
-            head, _, rest = text[1:].partition("]")
-            out.append(("args" if head == "0" else "kwargs") + rest)
-    return out
 
 
 def dynamic_axes(proto: onnx.ModelProto, pairs: list[tuple[str, int]], tensors: list,
@@ -179,6 +138,28 @@ def _second_inputs(args: tuple, kwargs: dict, axes: list[DynamicAxis], indices: 
     return torch.utils._pytree.tree_map(resample, (args, kwargs))
 
 
+@contextlib.contextmanager
+def as_exported(model, exporter: str = ""):
+    """The model as the exporter traced it, for eager runs beside the export: in eval mode for the
+    TorchScript exporter (which traces in eval mode); and afterwards as it was, training flags and
+    buffers (BatchNorm's running statistics, which a call in training mode updates) put back."""
+    if not isinstance(model, torch.nn.Module):
+        yield
+        return
+    modes = [(m, m.training) for m in model.modules()]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        if exporter == "torchscript":
+            model.eval()
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+
+
 def _eager(model, args: tuple, kwargs: dict) -> list[np.ndarray]:
     with torch.no_grad():
         return [t.detach().cpu().numpy() for t in tensor_leaves(model(*args, **kwargs))]
@@ -219,6 +200,7 @@ def _gap(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: float)
         diff = np.where(np.isnan(diff), np.inf, diff)
         units = diff / (atol + rtol * np.abs(w))
     units = np.where(diff == 0, 0.0, units)
+    units = np.where(np.isnan(units), np.inf, units)  # inf against a finite value, NaN against a number
     worst = float(np.max(units))
     at = tuple(int(i) for i in np.unravel_index(int(np.argmax(units)), units.shape))
     return _Gap(name, want.shape, f"max abs diff {float(np.max(diff)):.3g} (at {list(at)}: {got[at]:.6g} in ONNX "
@@ -294,6 +276,16 @@ def prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, se
     """Runs the proof (see the module's doc). Raises OpbridgeError when ONNX Runtime fails or
     disagrees with eager at the second size; warns (UnprovenWarning) when no second size could be
     run; returns what was run."""
+    with as_exported(model, exporter):  # eager as traced, and the model left as it was
+        return _prove(model, args, kwargs, proto, sess=sess, check_args=check_args, check_kwargs=check_kwargs,
+                      input_names=input_names, rtol=rtol, atol=atol, exporter=exporter, who=who, random=random)
+
+
+def _prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, sess=None,
+          check_args: tuple | None = None, check_kwargs: dict | None = None,
+          input_names: Sequence[str] | None = None, rtol: float = 1e-5, atol: float = 1e-6,
+          exporter: str = "", who: str = "opbridge.export", random: set | None = None) -> Proof:
+
     from .session import session, session_options
 
     kwargs = kwargs or {}
@@ -322,13 +314,17 @@ def prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, se
     base = [_gap(n, g, w, rtol, atol) for n, g, w in zip(out_names, at_example, _eager(run, args, kwargs))]
 
     if check_args is not None or check_kwargs is not None:
-        args2, kwargs2 = (tuple(check_args) if check_args is not None else args), (check_kwargs or kwargs)
+        args2 = tuple(check_args) if check_args is not None else args
+        kwargs2 = check_kwargs if check_kwargs is not None else kwargs
         t2 = tensor_leaves((args2, kwargs2))
         if len(t2) != len(tensors):
             raise OpbridgeError(f"{who}: check_args holds {len(t2)} tensors, the example {len(tensors)}")
         sizes = {}
         for a in axes:
-            sizes.setdefault(a.symbol, int(t2[indices[a.input]].shape[a.axis]))
+            given = t2[indices[a.input]]
+            if given.dim() <= a.axis:
+                raise OpbridgeError(f"{who}: check_args gives {a} a tensor of rank {given.dim()}")
+            sizes.setdefault(a.symbol, int(given.shape[a.axis]))
         want = _eager(run, args2, kwargs2)
         source = "check_args"
         same = sorted(str(a) for a in axes if sizes[a.symbol] == a.size)

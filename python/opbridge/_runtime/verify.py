@@ -14,7 +14,8 @@ import torch
 from .._library.errors import OpbridgeError
 from .._library.kinds import positional, tensor_leaves
 from .inspect import cannot_run, clean_ort_message
-from .second_size import match_inputs, prove
+from .feeds import match_inputs
+from .second_size import prove
 from .session import session
 
 
@@ -217,7 +218,7 @@ def random_outputs(model: onnx.ModelProto) -> dict[str, tuple[str, str]]:
 
     taint: dict[str, _Taint] = {}
     for node in model.graph.node:  # topologically sorted, as ONNX requires
-        outer = [n for g in _subgraphs(node) for n in _referenced(g) if n in taint]
+        outer = [n for g in _subgraphs(node) for n in referenced(g) if n in taint]
         tainted = [k for k, n in enumerate(node.input) if n in taint]
         incoming = [taint[node.input[k]] for k in tainted] + [taint[n] for n in outer]
         own = node_why(node, frozenset())
@@ -251,12 +252,12 @@ def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
 
 
-def _referenced(graph: onnx.GraphProto):
+def referenced(graph: onnx.GraphProto):
     """Every tensor name the graph's nodes (and theirs, nested) read: outer-scope ones among them."""
     for n in graph.node:
         yield from n.input
         for g in _subgraphs(n):
-            yield from _referenced(g)
+            yield from referenced(g)
 
 
 def verify(
