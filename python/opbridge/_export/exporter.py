@@ -20,7 +20,7 @@ from .._runtime.second_size import prove
 from .._runtime.verify import random_outputs
 from .dynamo import DEFAULT_DYNAMO_OPSET, reused_torchlib_registry, translation_table
 from .functions import add_functions
-from .graph_inputs import check_dynamic_axes, check_dynamic_shapes, check_inputs, dynamic_shapes_from_axes
+from .graph_inputs import check_dynamic_axes, check_dynamic_shapes, check_inputs, dynamic_shapes_from_axes, modules_of
 from .examples import KeywordsBound, distinct_examples
 from .failures import op_errors
 from .isolation import isolated
@@ -150,7 +150,7 @@ def export(
         opset = opset or DEFAULT_DYNAMO_OPSET
         table = translation_table(opset=opset, custom_nodes=custom_nodes, portable=portable)
         table.update(extra_translations or {})
-        with isolated(verbose), op_errors(), _missing_ops(), _undeclared_nodes(), substitutions(*_modules(model)), \
+        with isolated(verbose), op_errors(), _missing_ops(), _undeclared_nodes(), substitutions(*modules_of(model)), \
                 reused_torchlib_registry():
             program = torch.onnx.export(model, _torch_args(args), kwargs=kwargs, dynamo=True,
                                         custom_translation_table=table, optimize=False,
@@ -180,7 +180,7 @@ def export(
             model, args = KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
         buf = io.BytesIO()
         with isolated(verbose, native_output=True) as caught, op_errors(), _missing_ops(), \
-                options_requested(custom_nodes, portable), traced_sizes(), substitutions(*_modules(model)):
+                options_requested(custom_nodes, portable), traced_sizes(), substitutions(*modules_of(model)):
             torch.onnx.export(model, _torch_args(args), buf, dynamo=False, do_constant_folding=optimize,
                               opset_version=opset or DEFAULT_TORCHSCRIPT_OPSET, custom_opsets=custom_opsets(),
                               input_names=names, output_names=outs, dynamic_axes=dynamic_axes, verbose=verbose)
@@ -202,16 +202,12 @@ def export(
     check_inputs(proto, *call, names, exporter, allow_unused_inputs,
                  [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)])
     if prove_dynamic and check_runtime:
-        with substitutions(*_modules(call[0])):  # the model runs eagerly as it was traced
+        with substitutions(*modules_of(call[0])):  # the model runs eagerly as it was traced
             prove(*call, proto, check_args=check_args, check_kwargs=check_kwargs, input_names=names,
                   exporter=exporter, rtol=1e-5, atol=1e-6, random=set(random_outputs(proto)))
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
-
-
-def _modules(model) -> list[torch.nn.Module]:
-    return [model] if isinstance(model, torch.nn.Module) else []
 
 
 def _reusable(program: torch.export.ExportedProgram) -> None:

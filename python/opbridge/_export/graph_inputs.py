@@ -26,7 +26,8 @@ from .substitution import substitutions
 _PACKAGE = str(Path(__file__).resolve().parents[1])  # opbridge's own files
 
 
-def _modules(model) -> list[torch.nn.Module]:
+def modules_of(model) -> list[torch.nn.Module]:
+    """The models whose attributes substitutions() rebinds: the model itself (an ExportedProgram has none)."""
     return [model] if isinstance(model, torch.nn.Module) else []
 
 
@@ -53,16 +54,18 @@ def check_inputs(proto: onnx.ModelProto, model, args: tuple, kwargs: dict | None
     paths = tensor_paths(args, kwargs or {})
     given = list(names) if names and len(names) == len(tensors) else parameter_names(model, args, kwargs or {},
                                                                                       len(tensors))
-    which = [f"'{n}' ({paths[given.index(n)]})" if n in given else f"'{n}'" for n in dropped] if dropped and given else \
-        [f"{len(tensors) - len(graph_inputs)} of {len(tensors)} ({', '.join(paths)}; the graph takes "
-         f"{', '.join(graph_inputs)})"]
+    if dropped and given:
+        which = [f"'{n}' ({paths[given.index(n)]})" if n in given else f"'{n}'" for n in dropped]
+    else:
+        which = [f"{len(tensors) - len(graph_inputs)} of {len(tensors)} ({', '.join(paths)}; the graph takes "
+                 f"{', '.join(graph_inputs)})"]
     text = (f"opbridge.export: the exported graph does not take the input{'s' if len(which) > 1 else ''} "
             f"{', '.join(which)} that the call passes. The model reads it as a Python number or bool (float(t), "
             "int(t), t.item(), `if t:`), so the graph holds the example's value; or an operator the trace cannot see "
             "into uses it (an autograd.Function over a compiled extension: give it a substitution rule, "
             "@opbridge.substitute('package.module.Function'), docs/authoring.md); or the model does not use it."
             + " Pass allow_unused_inputs=True if the model ignores it on purpose." + _read_as_values(traced or []))
-    with substitutions(*_modules(model)), as_exported(model, exporter):  # the model runs as it was traced
+    with substitutions(*modules_of(model)), as_exported(model, exporter):  # the model runs as it was traced
         hidden = called_operators(model, args, kwargs or {})
     if hidden:
         text += ("\nThe model calls code a trace cannot see into: " + ", ".join(hidden) + ". Substitute the one "
@@ -127,7 +130,8 @@ def _asked_axes(model, args: tuple, kwargs: dict | None, dynamic_shapes) -> list
         if spec is None:
             return
         if isinstance(value, torch.Tensor):
-            items = spec.items() if isinstance(spec, dict) else enumerate(spec) if isinstance(spec, (list, tuple)) else ()
+            items = spec.items() if isinstance(spec, dict) else \
+                enumerate(spec) if isinstance(spec, (list, tuple)) else ()
             for ax, d in items:
                 if d is not None and not any(d is a for a in auto):
                     out.append((value, where, ax % max(value.dim(), 1)))
@@ -172,7 +176,7 @@ def _guards(model, args: tuple, kwargs: dict | None, dynamic_shapes) -> str:
     code generated on those sizes, with the line that generated it (from draft_export's report,
     where this torch has it), else torch.export's error text; "" when neither tells."""
     try:
-        with substitutions(*_modules(model)), isolated(verbose=False):
+        with substitutions(*modules_of(model)), isolated(verbose=False):
             program = torch.export.draft_export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
         lines = _guard_lines(program)
         if lines:
@@ -180,7 +184,7 @@ def _guards(model, args: tuple, kwargs: dict | None, dynamic_shapes) -> str:
     except Exception:  # noqa: BLE001 - the plain export's error below still tells
         pass
     try:
-        with substitutions(*_modules(model)), isolated(verbose=False):
+        with substitutions(*modules_of(model)), isolated(verbose=False):
             torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:  # noqa: BLE001 - only its text is wanted
         text = re.sub(r"\s*For more information, run with TORCH_LOGS=\"[^\"]*\"\.?", "", str(e))
