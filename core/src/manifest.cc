@@ -138,7 +138,7 @@ json op_json(const OpSpec& op) {
   for (const PythonOperator& p : op.python_operators) {
     json fixed = json::object();
     for (const auto& [name, v] : p.fixed) fixed[name] = value(v);
-    replaces.push_back({{"target", p.target}, {"params", p.params}, {"fixed", std::move(fixed)}});
+    replaces.push_back({{"target", p.target}, {"params", p.params}, {"fixed", std::move(fixed)}, {"returns", p.returns}});
   }
   return {{"name", op.name}, {"qualified_name", op.qualified_name()}, {"defines_torch_op", op.defines_torch_op()},
           {"doc", op.doc}, {"export", export_json(op)}, {"types", std::move(types)}, {"inputs", std::move(inputs)},

@@ -287,6 +287,9 @@ void check_python_operator(const OpSpec& op, const PythonOperator& p) {
              "' is not of its kind");
     OB_CHECK(bound.insert(name).second, "replaces '", t, "': '", name, "' is both a parameter and fixed");
   }
+  for (const std::string& name : p.returns)
+    OB_CHECK(std::any_of(op.outputs.begin(), op.outputs.end(), [&](const OutputSpec& o) { return o.name == name; }),
+             "replaces '", t, "': returns '", name, "', which is not an output");
   for (const InputSpec& in : op.inputs)
     OB_CHECK(in.optional || bound.count(in.name), "replaces '", t, "': no parameter binds input '", in.name, "'");
   for (const AttrSpec& a : op.attrs)

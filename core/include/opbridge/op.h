@@ -184,10 +184,12 @@ class OpBuilder {
   // for `class Pooling(Function): def forward(ctx, size, step, x)`: each of the
   // target's parameters (without ctx or self) names the input or attribute it binds, or is ""
   // (not needed). `fixed` sets attributes to what the target's semantics pin down. See
-  // PythonOperator; the target must return what this op returns.
+  // PythonOperator; the target must return what this op returns, or the outputs named in
+  // `returns` (one name: that tensor alone).
   OpBuilder& replaces(std::string target, std::vector<std::string> params,
-                      std::vector<std::pair<std::string, AttrValue>> fixed = {}) {
-    spec_.python_operators.push_back({std::move(target), std::move(params), std::move(fixed)});
+                      std::vector<std::pair<std::string, AttrValue>> fixed = {},
+                      std::vector<std::string> returns = {}) {
+    spec_.python_operators.push_back({std::move(target), std::move(params), std::move(fixed), std::move(returns)});
     return *this;
   }
   // The op already exists in PyTorch ("aten::<name>", or another library's op): opbridge

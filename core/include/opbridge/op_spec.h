@@ -212,6 +212,8 @@ struct PythonOperator {
   std::vector<std::string> params;  // per parameter of the target: an input or attribute of this op, or ""
   // Attributes the target's semantics fix (a copy of a kernel that breaks ties its own way).
   std::vector<std::pair<std::string, AttrValue>> fixed;
+  // The op's outputs the target returns, in order (one: that tensor alone); empty: all of them.
+  std::vector<std::string> returns;
 };
 
 // ---- the kernel -----------------------------------------------------------------------------

@@ -107,7 +107,7 @@ class _OpCall:
             named = dict(entry.fixed)
             named.update((name, v) for name, v in zip(entry.params, values[1:] if drop_first else values) if name)
             inputs = [named.pop(i.name, None) for i in op.inputs]  # what is left are attributes
-            return getattr(getattr(torch.ops, namespace), name)(*inputs, **named)
+            return entry.call(op, getattr(getattr(torch.ops, namespace), name), inputs, named)
 
         call.__name__ = call.__qualname__ = entry.target.rsplit(".", 1)[-1]
         call.__doc__ = f"{entry.target}, substituted by opbridge: {self!r}"

@@ -148,6 +148,19 @@ class PythonOperator:
     target: str  # "package.module.Name" or "package.module.Class.method"
     params: tuple[str, ...]  # per parameter of the target (no ctx or self): the op's input or attribute, or ""
     fixed: tuple[tuple[str, Any], ...]  # attributes the target's semantics fix
+    returns: tuple[str, ...] = ()  # the op's outputs the target returns (one: that tensor alone); (): all
+
+    def call(self, op: OpInfo, fn, inputs: list, attrs: dict):
+        """fn(*inputs, **attrs), the op, as the target returns it: a single int for a list attribute
+        repeated to its default's length (as torch's _pair(7) is (7, 7)); the outputs in `returns`."""
+        for a in op.attributes:
+            if a.kind == "int[]" and isinstance(attrs.get(a.name), int) and a.default:
+                attrs[a.name] = [attrs[a.name]] * len(a.default)
+        out = fn(*inputs, **attrs)
+        if not self.returns:
+            return out
+        picked = tuple(out[[o.name for o in op.outputs].index(r)] for r in self.returns)
+        return picked[0] if len(picked) == 1 else picked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,6 +389,7 @@ def _op(lib: Library, m: dict) -> OpInfo:
         check_op=m["check_op"],
         random_when=_random_when(m),
         replaces=tuple(PythonOperator(p["target"], tuple(p["params"]),
-                                      tuple((k, _frozen(v)) for k, v in p["fixed"].items()))
+                                      tuple((k, _frozen(v)) for k, v in p["fixed"].items()),
+                                      tuple(p.get("returns", ())))
                        for p in m.get("replaces", ())),  # absent from libraries built before it
     )

@@ -148,10 +148,13 @@ class OpTest:
             pytest.skip(sample.no_gradcheck)
         if self._random(sample):
             pytest.skip(f"random by declaration: {self._random(sample)}; finite differences need equal calls")
-        # Inputs that can be float64 are, and get gradients; others (e.g. float32 scales) stay.
+        # Inputs that can be float64 are; those the backward op differentiates get gradients
+        # (others, e.g. float32 scales or RoI boxes without a gradient, stay fixed).
+        differentiable = {o.name[len("grad_"):] for o in self.info.library.op(self.info.backward).outputs}
         doubles = ["float64" in self.info.type_constraint(s.type).dtypes for s in self.info.inputs]
-        inputs = [t.detach().double().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point()
-                  and d else t for t, d in zip(sample.inputs, doubles + [False] * len(sample.inputs))]
+        inputs = [(t.detach().double().requires_grad_() if s.name in differentiable else t.detach().double())
+                  if isinstance(t, torch.Tensor) and t.is_floating_point() and d else t
+                  for t, d, s in zip(sample.inputs, doubles, self.info.inputs)] + list(sample.inputs[len(doubles):])
         if not any(isinstance(t, torch.Tensor) and t.requires_grad and t.numel() for t in inputs):
             pytest.skip("no non-empty floating-point input")
         def finite_outputs(*ts):
