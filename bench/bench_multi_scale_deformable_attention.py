@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import Row, interleaved, on_torch_threads, ort_session, progress
+from common import Row, input_gradients, interleaved, on_torch_threads, ort_session, progress
 
 SUBJECT = "opbridge node (ONNX Runtime)"
 LEVELS = {"800x1200": [(100, 150), (50, 75), (25, 38), (13, 19)], "512x512": [(64, 64), (32, 32), (16, 16), (8, 8)]}
@@ -110,8 +110,7 @@ def _case(label: str, levels, threads: int, quick: bool) -> list[Row]:
     grad = torch.randn_like(want)
 
     def backward(model):
-        leaves = [a.clone().requires_grad_() for a in args]
-        return torch.autograd.grad(model(*leaves), leaves, grad)
+        return input_gradients(model, args, grad)
 
     name = f"MSDA forward + backward eager {label} {tail}"
     got, ref = backward(fused), backward(path)

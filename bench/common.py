@@ -139,6 +139,15 @@ def on_torch_threads(threads: int, fn: Callable[[], object]) -> Callable[[], obj
     return call
 
 
+def input_gradients(model: Callable[..., object], args: tuple, grad) -> tuple:
+    """The gradients of model(*args) with respect to every input, for the output gradient `grad`
+    (fresh leaves each call, so a timed call does the whole forward and backward)."""
+    import torch
+
+    leaves = [a.clone().requires_grad_() for a in args]
+    return torch.autograd.grad(model(*leaves), leaves, grad)
+
+
 def note_floor(rows: list[Row], floor_impl: str) -> None:
     """Appends to every other row's note its time over the floor's (`floor_impl`, a row of the
     same interleaved rounds): the median of per-round ratios."""
