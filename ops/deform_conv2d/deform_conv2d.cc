@@ -96,6 +96,15 @@ OPBRIDGE_OP(deform_conv2d)
                    .attr("dilations", {"dilation"})
                    .attr("group", {"groups"})
                    .attr("offset_group", {"offset_groups"}))
-    .backward("deform_conv2d_backward");
+    .backward("deform_conv2d_backward")
+    // mmcv's Functions over its extension (their own symbolic writes mmcv:: nodes no runtime has):
+    // ModulatedDeformConv2dFunction.forward(ctx, input, offset, mask, weight, bias=None, stride=1,
+    // padding=0, dilation=1, groups=1, deform_groups=1), and DeformConv2dFunction.forward(ctx,
+    // input, offset, weight, stride=1, padding=0, dilation=1, groups=1, deform_groups=1,
+    // bias=False, im2col_step=32), whose bias must be False and im2col_step only batches its work.
+    .replaces("mmcv.ops.modulated_deform_conv.ModulatedDeformConv2dFunction",
+              {"input", "offset", "mask", "weight", "bias", "stride", "padding", "dilation", "groups", "offset_groups"})
+    .replaces("mmcv.ops.deform_conv.DeformConv2dFunction",
+              {"input", "offset", "weight", "stride", "padding", "dilation", "groups", "offset_groups", "", ""});
 
 }  // namespace opbridge

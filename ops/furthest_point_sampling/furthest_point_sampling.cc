@@ -106,6 +106,10 @@ OPBRIDGE_OP(furthest_point_sampling)
     // (whose CUDA kernel runs 1024 threads and takes points near the origin like any other).
     .replaces("pointnet2_ops.pointnet2_utils.FurthestPointSampling", {"xyz", "npoint"})
     .replaces("openpoints.models.layers.subsample.FurthestPointSampling", {"xyz", "npoint"},
+              {{"tie_threads", int64_t{1024}}, {"skip_near_origin", false}})
+    // mmcv's, whose Python allocates CUDA tensors: on a CPU it runs only substituted. Its kernel
+    // is openpoints' (1024 threads, no skipping).
+    .replaces("mmcv.ops.furthest_point_sample.FurthestPointSampling", {"xyz", "npoint"},
               {{"tie_threads", int64_t{1024}}, {"skip_near_origin", false}});
 
 OPBRIDGE_OP(furthest_point_sampling_offset)

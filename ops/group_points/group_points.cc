@@ -125,7 +125,8 @@ OPBRIDGE_OP(gather_points)
     // GatherOperation.forward(ctx, features, idx), in pointnet2_ops and openpoints' two copies.
     .replaces("pointnet2_ops.pointnet2_utils.GatherOperation", {"features", "idx"})
     .replaces("openpoints.models.layers.subsample.GatherOperation", {"features", "idx"})
-    .replaces("openpoints.models.layers.group.GatherOperation", {"features", "idx"});
+    .replaces("openpoints.models.layers.group.GatherOperation", {"features", "idx"})
+    .replaces("mmcv.ops.gather_points.GatherPoints", {"features", "idx"});
 
 OPBRIDGE_OP(group_points_backward)
     .doc("The gradient of group_points with respect to features (idx gets none).")

@@ -253,7 +253,8 @@ OPBRIDGE_OP(three_nn)
     .cpu(three_nn_kernel)
     // ThreeNN.forward(ctx, unknown, known) -> (sqrt of the squared distances, int32 indices)
     .replaces("pointnet2_ops.pointnet2_utils.ThreeNN", {"unknown", "known"})
-    .replaces("openpoints.models.layers.upsampling.ThreeNN", {"unknown", "known"});
+    .replaces("openpoints.models.layers.upsampling.ThreeNN", {"unknown", "known"})
+    .replaces("mmcv.ops.three_nn.ThreeNN", {"unknown", "known"});  // forward(ctx, target, source)
 
 OPBRIDGE_OP(knn_query_backward)
     .doc("The gradient of knn_query's distances with respect to xyz and new_xyz (idx is not differentiable).")

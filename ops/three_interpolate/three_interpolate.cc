@@ -128,6 +128,7 @@ OPBRIDGE_OP(three_interpolate)
     .backward("three_interpolate_backward")
     // ThreeInterpolate.forward(ctx, features, idx, weight)
     .replaces("pointnet2_ops.pointnet2_utils.ThreeInterpolate", {"features", "idx", "weight"})
-    .replaces("openpoints.models.layers.upsampling.ThreeInterpolate", {"features", "idx", "weight"});
+    .replaces("openpoints.models.layers.upsampling.ThreeInterpolate", {"features", "idx", "weight"})
+    .replaces("mmcv.ops.three_interpolate.ThreeInterpolate", {"features", "idx", "weight"});
 
 }  // namespace opbridge

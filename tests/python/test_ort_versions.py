@@ -101,6 +101,44 @@ def other_forms_inputs(n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
     return (torch.rand(n, 3, generator=g), torch.tensor([n // 2, n], dtype=torch.int32),
             torch.randn(n, 5, generator=g), torch.randn(1, 26, 2, 8, generator=g),
             torch.rand(1, 6, 2, 2, 3, 2, generator=g) * 1.2 - 0.1, torch.rand(1, 6, 2, 2, 3, generator=g))
+class DetectionForms(torch.nn.Module):
+    """The detection ops: NMS (a data-dependent count), soft-NMS, RoIAlign / RoIPool /
+    position-sensitive RoIAlign, the rotated family and CARAFE."""
+
+    def forward(self, boxes, scores, features, rois, rotated, rotated_rois, masks):
+        ops = torch.ops.opbridge
+        keep = ops.nms(boxes, scores, 0.5)
+        soft, soft_idx = ops.softnms(boxes, scores, 0.3, 0.5, 0.001, 2)
+        aligned = ops.roi_align(features, rois, [3, 3], 0.5, 2, "avg", True)
+        maxed = ops.roi_align(features, rois, [2, 2], 0.5, 0, "max", False)
+        pooled, argmax = ops.roi_pool(features, rois, [2, 2], 0.5)
+        ps, channels = ops.ps_roi_align(features, rois, [2, 2], 0.5, 2)
+        ious = ops.box_iou_rotated(rotated, rotated[:5])
+        kept_dets, kept = ops.nms_rotated(rotated, scores, iou_threshold=0.3)
+        turned = ops.roi_align_rotated(features, rotated_rois, [2, 2], 0.5, 2)
+        up = ops.carafe(features[:, :4], masks, 3, 1, 2)
+        return keep, soft, soft_idx, aligned, maxed, pooled, argmax, ps, channels, ious, kept_dets, kept, turned, up
+
+
+DETECTION_OUTPUTS = ["keep", "soft", "soft_idx", "aligned", "maxed", "pooled", "argmax", "ps", "channels", "ious",
+                     "kept_dets", "kept", "turned", "up"]
+DETECTION_FORMS = dict(input_names=["boxes", "scores", "features", "rois", "rotated", "rotated_rois", "masks"],
+                       output_names=DETECTION_OUTPUTS,
+                       dynamic_axes={"boxes": {0: "n"}, "scores": {0: "n"}, "rotated": {0: "n"}})
+
+
+def detection_inputs(n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed + n)
+    centres, sizes = torch.rand(n, 2, generator=g) * 48, torch.rand(n, 2, generator=g) * 16 + 4
+    boxes = torch.cat([centres - sizes / 2, centres + sizes / 2], 1)
+    rois = torch.cat([torch.zeros(6, 1), torch.rand(6, 2, generator=g) * 12, torch.rand(6, 2, generator=g) * 12 + 14], 1)
+    rotated = torch.cat([centres, sizes, torch.rand(n, 1, generator=g) * 3 - 1.5], 1)
+    rotated_rois = torch.cat([torch.zeros(6, 1), torch.rand(6, 2, generator=g) * 20 + 6,
+                              torch.rand(6, 2, generator=g) * 8 + 4, torch.rand(6, 1, generator=g) - 0.5], 1)
+    return (boxes, torch.randperm(n, generator=g).float() / n, torch.randn(1, 8, 16, 16, generator=g), rois,
+            rotated, rotated_rois, torch.softmax(torch.randn(1, 9, 32, 32, generator=g), 1))
+
+
 # name -> (which model, export arguments)
 CASES = {
     # Default opsets (dynamo 20, TorchScript 17): both load into ONNX Runtime 1.17.
@@ -116,11 +154,14 @@ CASES = {
     "point_cloud_torchscript": ("point_cloud", dict(exporter="torchscript", **POINT_CLOUD)),
     "other_forms_dynamo": ("other_forms", dict(exporter="dynamo", **OTHER_FORMS)),
     "other_forms_torchscript": ("other_forms", dict(exporter="torchscript", **OTHER_FORMS)),
+    "detection_dynamo": ("detection", dict(exporter="dynamo", **DETECTION_FORMS)),
+    "detection_torchscript": ("detection", dict(exporter="torchscript", **DETECTION_FORMS)),
     # A newer opset than older runtimes have (and IR version 10, which 1.17 lacks).
     "demo_dynamo_opset22": ("demo", dict(exporter="dynamo", opset=22, **DEMO)),
 }
 # The catalogue's float32 bicubic and deformable sampling round differently in each runtime.
-TOLERANCE = {"demo": (1e-5, 1e-6), "catalogue": (1e-4, 1e-4), "point_cloud": (1e-5, 1e-6), "other_forms": (1e-5, 1e-6)}
+TOLERANCE = {"demo": (1e-5, 1e-6), "catalogue": (1e-4, 1e-4), "point_cloud": (1e-5, 1e-6), "other_forms": (1e-5, 1e-6),
+             "detection": (1e-5, 1e-5)}
 
 
 def _model_and_inputs(kind: str):
@@ -130,6 +171,8 @@ def _model_and_inputs(kind: str):
         return demo.PointCloudModel().eval(), [demo.point_cloud_inputs(n, seed=1) for n in (64, 500)]
     if kind == "other_forms":
         return OtherForms().eval(), [other_forms_inputs(n, seed=1) for n in (64, 400)]
+    if kind == "detection":
+        return DetectionForms().eval(), [detection_inputs(n, seed=1) for n in (40, 300)]
     return demo.CatalogueModel().eval(), [demo.catalogue_inputs(n, s, seed=1) for n, s in ((64, 2.0), (200, 1.5))]
 
 

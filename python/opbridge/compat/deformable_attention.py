@@ -1,5 +1,7 @@
 """transformers' module-level `multi_scale_deformable_attention(value, value_spatial_shapes,
-sampling_locations, attention_weights)` (Mask2Former's and OneFormer's pixel decoders) on
+sampling_locations, attention_weights)` (Mask2Former's and OneFormer's pixel decoders), and
+mmcv's `multi_scale_deformable_attn_pytorch` of the same signature (what mmcv's
+MultiScaleDeformableAttention runs on a CPU: Deformable DETR, DINO in mmdet), on
 opbridge::multi_scale_deformable_attention.
 
 The op's definition declares the rules for the modules and Functions that pass the levels' start
@@ -36,7 +38,8 @@ __all__ = ["MODULE_TARGETS", "TARGETS", "multi_scale_deformable_attention", "spa
 # Where transformers defines the function (each module has its own copy), and the attention
 # modules whose forwards call it.
 _MODELS = {"mask2former": "Mask2Former", "oneformer": "OneFormer"}
-TARGETS = tuple(f"transformers.models.{m}.modeling_{m}.multi_scale_deformable_attention" for m in _MODELS)
+TARGETS = tuple(f"transformers.models.{m}.modeling_{m}.multi_scale_deformable_attention" for m in _MODELS) + \
+    ("mmcv.ops.multi_scale_deform_attn.multi_scale_deformable_attn_pytorch",)
 MODULE_TARGETS = tuple(f"transformers.models.{m}.modeling_{m}.{c}PixelDecoderEncoderMultiscaleDeformableAttention"
                        f".forward" for m, c in _MODELS.items())
 

@@ -1,0 +1,1 @@
+"""mmdet.core: only its export module (see opbridge.compat.mmdet)."""
