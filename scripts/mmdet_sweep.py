@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""mmdet's model zoo on opbridge: one config per folder of the configs the mmdet 3.3.0 wheel ships,
+each built with random weights and run eagerly on one 320x320 image, then exported (tensor mode,
+the TorchScript exporter) and compared with ONNX Runtime, by tests/python/mmdet_models.py in the
+environment the tests make (mmdet 3.3.0, mmcv-lite 2.1.0, mmengine 0.10.7).
+
+    .venv/bin/python scripts/mmdet_sweep.py [--results FILE] [--only FOLDER ...] [--table]
+
+Resumable: each model's report is appended to the results file (one JSON line,
+build/mmdet_sweep.jsonl by default) as it finishes, and a folder already there is skipped, so the
+sweep can stop and go on across sessions. --table prints the summary docs/models.md shows. A
+model gets 15 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+
+import envs  # noqa: E402  the tests' environments
+import test_mmdet  # noqa: E402  its requirements
+
+# Configs whose name is the folder's plainest model, when the folder has it; else the first
+# config (by name) that is not a _base_ file.
+PREFERRED = ("r50_fpn_1x_coco", "r50_fpn_1x", "r50", "1x_coco")
+
+
+def pick(folder: Path) -> Path | None:
+    configs = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
+    for want in PREFERRED:
+        for config in configs:
+            if want in config.stem:
+                return config
+    return configs[0] if configs else None
+
+
+def stage(report: dict) -> str:
+    """The last stage a model passed: build, predict, export, match (or nothing)."""
+    exported = report.get("torchscript")
+    if isinstance(exported, dict):
+        return "match" if exported["max_rel_diff"] < 1e-4 and not exported["integer_mismatches"] else "export"
+    if report.get("predict") == "ok":
+        return "predict"
+    return "build" if report.get("build") == "ok" else "none"
+
+
+def table(results: Path) -> str:
+    reports = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    order = ("none", "build", "predict", "export", "match")
+    reached = collections.Counter(order.index(stage(r)) for r in reports)
+    at_least = {name: sum(n for i, n in reached.items() if i >= order.index(name)) for name in order[1:]}
+    lines = [f"{len(reports)} configs: {at_least['build']} build, {at_least['predict']} predict eagerly, "
+             f"{at_least['export']} export (TorchScript exporter, tensor mode), {at_least['match']} match eager "
+             "in ONNX Runtime.", "", "| config | reached | why not further | missing mmcv._ext functions |",
+             "|---|---|---|---|"]
+    for r in sorted(reports, key=lambda r: r["config"]):
+        s = stage(r)
+        why = ""
+        if s != "match":
+            key = {"none": "build", "build": "predict", "predict": "torchscript", "export": "torchscript"}[s]
+            value = r.get(key, "")
+            why = (value if isinstance(value, str) else f"max relative difference {value['max_rel_diff']:.2g}")
+            why = why.splitlines()[0][:160].replace("|", "\\|") if why else ""
+        lines.append(f"| {r['config']} | {s} | {why} | {', '.join(r.get('missing', []))} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=ROOT / "build" / "mmdet_sweep.jsonl")
+    parser.add_argument("--only", nargs="*", help="configs folders to run (default: all)")
+    parser.add_argument("--table", action="store_true", help="print the summary table and stop")
+    args = parser.parse_args()
+    if args.table:
+        print(table(args.results))
+        return
+    python = envs.python_with("mmdet-3.3.0", test_mmdet.MMDET, on_top=True)
+    configs = Path(subprocess.run([str(python), "-c", "import mmdet, pathlib; "
+                                   "print(pathlib.Path(mmdet.__file__).parent / '.mim' / 'configs')"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    done = set()
+    if args.results.is_file():
+        done = {json.loads(line)["config"].split("/")[0] for line in args.results.read_text().splitlines() if line}
+    folders = [f for f in sorted(configs.iterdir()) if f.is_dir() and not f.name.startswith("_")
+               and (not args.only or f.name in args.only)]
+    todo = [f for f in folders if f.name not in done]
+    print(f"{len(folders)} folders, {len(folders) - len(todo)} already in {args.results}, {len(todo)} to run",
+          flush=True)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    for i, folder in enumerate(todo, 1):
+        config = pick(folder)
+        if config is None:
+            report = {"config": f"{folder.name}/", "build": "no config in the folder"}
+        else:
+            relative = str(config.relative_to(configs))
+            start = time.monotonic()
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "report.json"
+                try:
+                    subprocess.run([str(python), str(ROOT / "tests" / "python" / "mmdet_models.py"), relative,
+                                    str(out), "torchscript"], capture_output=True, text=True, timeout=900,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT / "tests" / "python")})
+                    report = json.loads(out.read_text()) if out.is_file() else \
+                        {"config": relative, "build": "the runner died without a report"}
+                except subprocess.TimeoutExpired:
+                    report = {"config": relative, "build": "did not finish in 15 minutes"}
+            report["seconds"] = round(time.monotonic() - start, 1)
+        with args.results.open("a") as f:
+            f.write(json.dumps(report) + "\n")
+        print(f"[{i}/{len(todo)}] {report['config']}: {stage(report)} ({report.get('seconds', 0)} s)", flush=True)
+    print(table(args.results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""mmdet 3.3.0 detectors built from the configs its wheel ships, on mmcv-lite with opbridge's
+`mmcv._ext` (opbridge.compat.install("mmcv")), run in the environment tests/python/envs.py makes:
+
+    python mmdet_models.py <config, relative to mmdet's configs/> <report.json> [exporter ...]
+        [--end-to-end] [--timing]
+
+The model is built with random weights and nothing downloaded (pretrained initialisations are
+dropped), in eval mode, its code untouched. One 1x3x320x320 image: `mode="predict"` eagerly,
+then `mode="tensor"` exported through opbridge.export with each exporter asked for (default both)
+and run in ONNX Runtime against eager. --end-to-end exports `predict` instead: the boxes, scores
+and labels after the head's NMS, with the score threshold at 0 (random weights score every box
+near the classifier's prior, 0.01, below a config's usual 0.05). --timing adds eager and ONNX
+Runtime times in interleaved rounds. The report says, per stage, what happened: "ok", or the
+error's type and first lines, and the functions of mmcv._ext the model called that opbridge does
+not provide. tests/python/test_mmdet.py and scripts/mmdet_sweep.py read it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import opbridge
+import opbridge.compat
+
+SIZE = 320
+
+
+def configs_dir() -> Path:
+    import mmdet
+    return Path(mmdet.__file__).parent / ".mim" / "configs"
+
+
+def _drop_pretrained(cfg) -> None:
+    """Every init_cfg that loads weights (Pretrained, a checkpoint) set to None, recursively."""
+    if isinstance(cfg, dict):
+        init = cfg.get("init_cfg")
+        if isinstance(init, dict) and (init.get("type") == "Pretrained" or "checkpoint" in init):
+            cfg["init_cfg"] = None
+        for key in ("pretrained",):
+            if key in cfg:
+                cfg[key] = None
+        for value in cfg.values():
+            _drop_pretrained(value)
+    elif isinstance(cfg, (list, tuple)):
+        for value in cfg:
+            _drop_pretrained(value)
+
+
+def _spread_scores(model, inputs, samples) -> None:
+    """Random weights score every box near the classifier's prior (0.01, to within 1e-5), so the
+    order of the boxes kept would hang on the last bits of the convolutions, which two runtimes
+    round differently. The classifiers' weights (the layers named *_cls) are scaled so that their
+    logits spread with a standard deviation of 2 on this image, as a trained model's scores spread
+    (neither all near 0.01 nor all saturated at 1)."""
+    layers = {name: module for name, module in model.named_modules()
+              if name.endswith("_cls") and isinstance(module, (torch.nn.Conv2d, torch.nn.Linear))}
+    spread: dict[str, list] = {name: [] for name in layers}
+    hooks = [module.register_forward_hook(lambda m, i, out, name=name: spread[name].append(out.detach()))
+             for name, module in layers.items()]
+    try:
+        with torch.no_grad():
+            model(inputs, samples, mode="tensor")
+    except Exception:  # noqa: BLE001 - a model whose tensor mode fails keeps its weights; run() reports it
+        return
+    finally:
+        for hook in hooks:
+            hook.remove()
+    with torch.no_grad():
+        for name, module in layers.items():
+            outs = [o.flatten() for o in spread[name]]
+            std = float(torch.cat(outs).std()) if outs else 0.0
+            if std > 0:
+                module.weight.mul_(2.0 / std)
+
+
+def build(config: str, score_thr: float | None = None):
+    """(model in eval mode, its preprocessed inputs, data samples) for one random image."""
+    from mmengine.config import Config
+    from mmdet.registry import MODELS
+    from mmdet.structures import DetDataSample
+    from mmdet.utils import register_all_modules
+
+    register_all_modules()
+    cfg = Config.fromfile(str(configs_dir() / config))
+    _drop_pretrained(cfg.model)
+    if score_thr is not None:
+        cfg.model.test_cfg.score_thr = score_thr
+    logging.getLogger("mmengine").setLevel(logging.WARNING)  # init_weights reports every parameter
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    model.eval()
+    image = torch.randint(0, 256, (3, SIZE, SIZE), generator=torch.Generator().manual_seed(1)).float()
+    meta = dict(img_shape=(SIZE, SIZE), ori_shape=(SIZE, SIZE), pad_shape=(SIZE, SIZE), scale_factor=(1.0, 1.0),
+                batch_input_shape=(SIZE, SIZE), img_id=0)
+    data = model.data_preprocessor({"inputs": [image], "data_samples": [DetDataSample(metainfo=meta)]}, False)
+    _spread_scores(model, data["inputs"], data["data_samples"])
+    return model, data["inputs"], data["data_samples"]
+
+
+class TensorMode(torch.nn.Module):
+    """model(inputs, data_samples, mode="tensor") as a function of the image alone: the data
+    samples hold the image's metadata (sizes), the same for every image of this size."""
+
+    def __init__(self, model, data_samples):
+        super().__init__()
+        self.model, self.data_samples = model, data_samples
+        self.eval()
+
+    def forward(self, inputs):
+        return self.model(inputs, self.data_samples, mode="tensor")
+
+
+class Predict(TensorMode):
+    """model.predict on the image: the first image's boxes, scores and labels after NMS."""
+
+    def forward(self, inputs):
+        found = self.model(inputs, self.data_samples, mode="predict")[0].pred_instances
+        return found.bboxes, found.scores, found.labels
+
+
+def _leaves(out) -> list:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _leaves(o)]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _leaves(v)]
+    return []
+
+
+def _error(e: BaseException) -> str:
+    lines = [line for line in f"{type(e).__name__}: {e}".splitlines() if line.strip()]
+    return "\n".join(lines[:12])
+
+
+def _interleaved_ms(model, inputs, session, name: str, rounds: int = 5) -> dict:
+    eager, ort, ratios = [], [], []
+    feeds = {name: inputs.numpy()}
+    for _ in range(rounds):
+        t = time.perf_counter()
+        with torch.no_grad():
+            model(inputs)
+        e = time.perf_counter() - t
+        t = time.perf_counter()
+        session.run(None, feeds)
+        o = time.perf_counter() - t
+        eager.append(e * 1e3), ort.append(o * 1e3), ratios.append(e / o)
+    return {"eager_ms": statistics.median(eager), "ort_ms": statistics.median(ort),
+            "eager_over_ort": statistics.median(ratios), "ratio_spread": [min(ratios), max(ratios)]}
+
+
+def export_and_compare(model, inputs, exporter: str, workdir: Path, timing: bool) -> dict:
+    import onnx
+    path = workdir / f"model_{exporter}.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opbridge.export(model, (inputs,), str(path), exporter=exporter, input_names=["inputs"])
+    graph = onnx.load(str(path), load_external_data=False).graph
+    nodes = sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in graph.node if n.domain not in ("", "ai.onnx")})
+    session = opbridge.session(str(path))
+    worst, integer_mismatches, reordered, differing = 0.0, 0, 0, 0
+    # The image, and its mirror image: what a trace took from the first one's values (a count of
+    # boxes, say) shows at the second.
+    for image in (inputs, inputs.flip(-1).contiguous()):
+        with torch.no_grad():
+            expected = [t.numpy() for t in _leaves(model(image))]
+        got = session.run(None, {"inputs": image.numpy()})
+        worst, mismatches, moved, other = _compare(got, expected, worst)
+        integer_mismatches, reordered, differing = integer_mismatches + mismatches, reordered + moved, differing + other
+    dims = [[d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output]
+    report = {"nodes": nodes, "outputs": len(got), "max_rel_diff": worst, "integer_mismatches": integer_mismatches,
+              "reordered_rows": reordered, "differing_rows": differing, "output_dims": dims, "grid_samples": sum(n.op_type == "GridSample" for n in graph.node)}
+    if timing:
+        report.update(_interleaved_ms(model, inputs, session, "inputs"))
+    return report
+
+
+def _compare(got: list, expected: list, worst: float) -> tuple[float, int, int, int]:
+    """(the largest difference relative to the output's scale over the rows that agree, so far;
+    unequal integers; rows in another order; rows that differ). Proposals are ordered by score,
+    and two whose scores differ in the seventh digit change places between two runtimes'
+    roundings; where such a pair overlaps, which of the two the NMS keeps changes too. So where
+    an output's rows differ, each is matched to the nearest row of eager's: a one-to-one match
+    within 1e-4 of the scale counts as reordered; a row left over counts as differing."""
+    integer_mismatches = reordered = differing = 0
+    if len(got) != len(expected):
+        raise AssertionError(f"{len(got)} outputs from ONNX Runtime, {len(expected)} from eager")
+    for i, (a, b) in enumerate(zip(got, expected)):
+        if a.shape != b.shape:
+            raise AssertionError(f"output {i}: shape {a.shape} in ONNX Runtime, {b.shape} eagerly")
+        if not np.issubdtype(b.dtype, np.floating):  # labels, indices: equal or wrong
+            integer_mismatches += int((a != b).sum())
+            continue
+        if not a.size:
+            continue
+        scale = max(float(np.abs(b).max()), 1.0)
+        a, b = a.astype(np.float64).reshape(len(a), -1), b.astype(np.float64).reshape(len(b), -1)
+        rows = np.abs(a - b).max(1) / scale
+        moved = np.flatnonzero(rows > 1e-4)
+        if 0 < len(moved) <= 16:
+            near = np.abs(a[moved][:, None, :] - b[None, moved, :]).max(2) / scale  # (moved, moved)
+            best = near.min(1)
+            matched = best <= 1e-4
+            reordered += int(matched.sum() - (near.argmin(1) == np.arange(len(moved)))[matched].sum())
+            differing += int((~matched).sum())
+            rows[moved[matched]] = best[matched]
+            rows[moved[~matched]] = 0.0
+        worst = max(worst, float(rows.max()))
+    return worst, integer_mismatches, reordered, differing
+
+
+def run(config: str, exporters: tuple[str, ...], workdir: Path, timing: bool = False,
+        end_to_end: bool = False) -> dict:
+    report: dict = {"config": config}
+    try:
+        model, inputs, samples = build(config, 0.0 if end_to_end else None)
+        report["build"] = "ok"
+    except Exception as e:  # noqa: BLE001 - reported
+        report["build"] = _error(e)
+        return _missing(report)
+    try:
+        with torch.no_grad():
+            result = model(inputs, samples, mode="predict")[0]
+        instances = getattr(result, "pred_instances", None)
+        report["predict"] = "ok"
+        report["detections"] = int(len(instances)) if instances is not None else None
+    except Exception as e:  # noqa: BLE001
+        report["predict"] = _error(e)
+    exported = (Predict if end_to_end else TensorMode)(model, samples)
+    for exporter in exporters:
+        try:
+            report[exporter] = export_and_compare(exported, inputs, exporter, workdir, timing)
+        except Exception as e:  # noqa: BLE001
+            report[exporter] = _error(e)
+    return _missing(report)
+
+
+def _missing(report: dict) -> dict:
+    """The mmcv._ext functions the model reached that opbridge does not provide, from the errors."""
+    text = json.dumps(report)
+    report["missing"] = sorted(set(re.findall(r"mmcv\._ext\.(\w+) \(called by", text)))
+    return report
+
+
+def main(argv: list[str]) -> None:
+    config, out, *exporters = argv
+    flags = {e for e in exporters if e.startswith("--")}
+    exporters = tuple(e for e in exporters if e not in flags) or ("torchscript", "dynamo")
+    print(opbridge.compat.install("mmcv"), file=sys.stderr)
+    try:
+        report = run(config, exporters, Path(out).parent, "--timing" in flags, "--end-to-end" in flags)
+    except Exception:  # noqa: BLE001 - a crash of the runner itself is reported too
+        report = {"config": config, "build": traceback.format_exc()[-3000:]}
+    Path(out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

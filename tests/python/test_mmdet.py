@@ -1,0 +1,155 @@
+"""OpenMMLab's detection zoo on opbridge: mmdet 3.3.0 with mmcv-lite (mmcv without its compiled
+extension) and mmengine 0.10.7, installed into an environment of their own (tests/python/envs.py),
+their code untouched. opbridge.compat.install("mmcv") provides `mmcv._ext` and the one
+module of mmdet 2.x that mmdet 3.x still imports while exported; the named models build from the
+configs in the mmdet wheel, predict eagerly, and export (tests/python/mmdet_models.py runs each)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import envs
+
+RUNNER = Path(__file__).with_name("mmdet_models.py")
+# mmcv-lite and mmdet name opencv-python, which needs libGL: the headless build instead, so every
+# dependency is named and installed without its own.
+DEPENDENCIES = ["opencv-python-headless", "pycocotools", "shapely", "terminaltables", "rich", "six", "matplotlib",
+                "addict", "yapf", "termcolor", "scipy", "tqdm", "pillow", "pyyaml", "packaging", "markdown-it-py",
+                "mdurl", "pygments", "contourpy", "cycler", "fonttools", "kiwisolver", "pyparsing", "python-dateutil",
+                "platformdirs", "tomli"]
+MMDET = ["mmcv-lite==2.1.0", "mmengine==0.10.7", "mmdet==3.3.0", *DEPENDENCIES, "--no-deps"]
+
+# Every function mmcv's Python ops load from mmcv._ext: each ops/*.py calls
+# ext_loader.load_ext('_ext', [names]). Read from the installed sources, not imported.
+LOADED = textwrap.dedent('''
+    import ast, importlib.util, json, pathlib, sys
+    root = pathlib.Path(importlib.util.find_spec("mmcv").submodule_search_locations[0])
+    names = {}
+    for f in sorted(root.rglob("*.py")):
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "load_ext":
+                names[str(f.relative_to(root.parent))] = [e.value for e in n.args[1].elts]
+    import opbridge.compat.mmcv._ext as ext
+    missing = sorted(n for ns in names.values() for n in ns if not callable(getattr(ext, n, None)))
+    json.dump({"names": names, "missing": missing}, open(sys.argv[1], "w"))
+''')
+
+
+def _run(python: Path, args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+
+
+@pytest.fixture(scope="module")
+def mmdet_python():
+    return envs.python_with("mmdet-3.3.0", MMDET, on_top=True)
+
+
+def test_install_without_mmdet_or_mmcv_adds_nothing_of_mmdet():
+    import importlib.util
+
+    import opbridge.compat
+    if importlib.util.find_spec("mmdet") is not None:
+        pytest.skip("mmdet is installed here")
+    assert opbridge.compat.install("mmdet") == {"mmdet": "absent"}
+    assert "mmdet.core" not in opbridge.compat.installed()
+
+
+@pytest.mark.environments
+@pytest.mark.parametrize("version", ["2.1.0", "2.2.0"])
+def test_mmcv_ext_has_every_function_mmcv_lite_loads(version, tmp_path):
+    python = envs.python_with(f"mmcv-lite-{version}", [f"mmcv-lite=={version}", "--no-deps"], on_top=True)
+    r = _run(python, ["-c", LOADED, str(tmp_path / "out.json")])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert sum(len(v) for v in out["names"].values()) >= 112, out["names"]
+    assert out["missing"] == []
+
+
+INSTALL = textwrap.dedent('''
+    import json, sys
+    import opbridge.compat
+    answer = opbridge.compat.install("mmcv")  # and mmdet's part, mmdet being installed
+    import mmcv._ext, mmcv.ops, mmdet.models  # mmcv-lite alone: "No module named 'mmcv._ext'"
+    from mmcv.ops import bbox_overlaps
+    import torch
+    try:
+        bbox_overlaps(torch.rand(2, 4), torch.rand(3, 4))
+        error = None
+    except RuntimeError as e:
+        error = f"{type(e).__name__}: {e}"
+    json.dump({"answer": answer, "ext": mmcv._ext.__name__, "error": error,
+               "again": opbridge.compat.install("mmcv")}, open(sys.argv[1], "w"))
+''')
+
+
+@pytest.mark.environments
+def test_install_gives_mmcv_lite_its_extension_and_mmdet_imports(mmdet_python, tmp_path):
+    r = _run(mmdet_python, ["-c", INSTALL, str(tmp_path / "out.json")])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["answer"] == {"mmcv": "extension", "mmdet": "extension"}
+    assert out["ext"] == "opbridge.compat.mmcv._ext"
+    # A function opbridge does not provide: an error when called, naming it, its caller and what to do.
+    assert out["error"].startswith("NotProvidedError: mmcv._ext.bbox_overlaps (called by mmcv.ops.bbox)"), out["error"]
+    assert "docs/adding-an-op.md" in out["error"]
+    assert out["again"] == {"mmcv": "extension", "mmdet": "extension"}
+
+
+# config -> (the opbridge nodes its tensor-mode export must hold, whether the dynamo exporter can
+# export it: None, or the text its refusal must name; docs/models.md says why)
+NAMED = {
+    "faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py": ({"opbridge::RoiAlign", "opbridge::Nms"}, "valid_mask.all()"),
+    "dcnv2/faster-rcnn_r50-mdconv-c3-c5_fpn_1x_coco.py": ({"opbridge::RoiAlign", "opbridge::Nms"}, "valid_mask.all()"),
+    "mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py": ({"opbridge::RoiAlign", "opbridge::Nms"}, "valid_mask.all()"),
+    "deformable_detr/deformable-detr_r50_16xb2-50e_coco.py": ({"opbridge::MultiScaleDeformableAttention"},
+                                                              "data is not allocated"),
+    "carafe/faster-rcnn_r50_fpn-carafe_1x_coco.py": ({"opbridge::Carafe", "opbridge::RoiAlign"}, "valid_mask.all()"),
+    "retinanet/retinanet_r50_fpn_1x_coco.py": (set(), None),
+}
+
+
+def _report(python: Path, config: str, tmp_path: Path, *flags: str) -> dict:
+    out = tmp_path / "report.json"
+    r = _run(python, [str(RUNNER), config, str(out), *flags])
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.environments
+@pytest.mark.parametrize("config", list(NAMED))
+def test_named_mmdet_model_predicts_and_exports_matching_eager(mmdet_python, config, tmp_path):
+    nodes, dynamo_refusal = NAMED[config]
+    report = _report(mmdet_python, config, tmp_path)
+    assert report["build"] == "ok" and report["predict"] == "ok", report
+    assert report["missing"] == [], report
+    exported = report["torchscript"]
+    assert isinstance(exported, dict), exported
+    assert nodes <= set(exported["nodes"]), exported
+    assert exported["grid_samples"] == 0
+    assert exported["max_rel_diff"] < 1e-4 and exported["integer_mismatches"] == 0, exported
+    # Proposals whose scores differ in the seventh digit may change places (or, overlapping, which
+    # of them the RPN's NMS keeps) between two runtimes' roundings: a proposal or two of 1000.
+    assert exported["differing_rows"] <= 8, exported
+    if dynamo_refusal is None:
+        assert isinstance(report["dynamo"], dict) and report["dynamo"]["max_rel_diff"] < 1e-4, report["dynamo"]
+    else:  # refused, naming the model's line that reads a value torch.export cannot trace
+        assert isinstance(report["dynamo"], str) and dynamo_refusal in report["dynamo"], report["dynamo"]
+
+
+@pytest.mark.environments
+def test_retinanet_exports_end_to_end_boxes_scores_and_labels_after_nms(mmdet_python, tmp_path):
+    report = _report(mmdet_python, "retinanet/retinanet_r50_fpn_1x_coco.py", tmp_path, "torchscript", "--end-to-end")
+    assert report["predict"] == "ok" and report["detections"] > 0, report
+    exported = report["torchscript"]
+    assert isinstance(exported, dict), exported
+    assert "opbridge::Nms" in exported["nodes"] and exported["outputs"] == 3
+    # boxes (k, 4), scores (k,), labels (k,): k is decided by the NMS when the model runs
+    assert all(isinstance(dims[0], str) for dims in exported["output_dims"]), exported["output_dims"]
+    assert exported["max_rel_diff"] < 1e-4 and exported["integer_mismatches"] == 0, exported
