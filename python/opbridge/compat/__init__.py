@@ -23,8 +23,7 @@ kernels, cannot be traced by torch.export), so opbridge.export traces the functi
 `install(*names)` makes `import <name>` resolve to the module here when the real package is not
 installed (or always, with force=True); for mmcv installed without its extension it makes `import
 mmcv._ext` resolve here and leaves the rest of mmcv as it is; pyg_lib's install registers its ops
-instead. docs/compat.md
-lists where each module differs from the package it stands in for.
+instead. docs/compat.md lists where each module differs from the package it stands in for.
 """
 
 from __future__ import annotations
@@ -116,11 +115,10 @@ def install(*names: str, force: bool = False) -> dict[str, str]:
     with force=True (a package already imported keeps its module). mmcv installed without its
     compiled extension (mmcv-lite) gets opbridge's `mmcv._ext` and keeps the rest; mmcv with its
     extension is left alone. Installed mmdet 3.x gets `mmdet.core.export` (only that), also when
-    only "mmcv" is named. pyg_lib
-    is registered instead (its ops in torch.ops.pyg, PyG's flags). Returns, per name, "real"
-    (left to the installed package), "compat" (resolves here), "extension" (the real package,
-    with the parts it lacks from here), "absent" (mmdet not installed: nothing to add) or
-    "registered"."""
+    only "mmcv" is named. pyg_lib is registered instead (its ops in torch.ops.pyg, PyG's flags).
+    Returns, per name, "real" (left to the installed package), "compat" (resolves here),
+    "extension" (the real package, with the parts it lacks from here), "absent" (mmdet not
+    installed: nothing to add) or "registered"."""
     wanted = list(names or PACKAGES)
     if "mmcv" in wanted and "mmdet" not in wanted and _real("mmdet"):
         wanted.append("mmdet")  # mmdet's detectors are what mmcv-lite's users export

@@ -104,14 +104,17 @@ class OpTest:
         return [u for u in torch.library._OPCHECK_DEFAULT_UTILS
                 if not (u == "test_aot_dispatch_dynamic" and (not aot or self._random(sample)))]
 
+    def _differentiable(self) -> set[str]:
+        """The inputs the backward op gives a gradient for (its outputs are grad_<input>)."""
+        return {o.name[len("grad_"):] for o in self.info.library.op(self.info.backward).outputs}
+
     def test_opcheck_autograd(self, sample):
         # opcheck with the differentiable inputs requiring grad: its autograd checks (the
         # registration, and AOT autograd tracing forward and backward with symbolic shapes)
         # run only then.
         if not self.info.backward:
             pytest.skip(f"{self.info.qualified_name} declares no gradient")
-        bwd = self.info.library.op(self.info.backward)
-        differentiable = {o.name[len("grad_"):] for o in bwd.outputs}
+        differentiable = self._differentiable()
         inputs = [t.detach().clone().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point()
                   and spec.name in differentiable else t for t, spec in zip(sample.inputs, self.info.inputs)]
         inputs += list(sample.inputs[len(inputs):])
@@ -150,7 +153,7 @@ class OpTest:
             pytest.skip(f"random by declaration: {self._random(sample)}; finite differences need equal calls")
         # Inputs that can be float64 are; those the backward op differentiates get gradients
         # (others, e.g. float32 scales or RoI boxes without a gradient, stay fixed).
-        differentiable = {o.name[len("grad_"):] for o in self.info.library.op(self.info.backward).outputs}
+        differentiable = self._differentiable()
         doubles = ["float64" in self.info.type_constraint(s.type).dtypes for s in self.info.inputs]
         inputs = [(t.detach().double().requires_grad_() if s.name in differentiable else t.detach().double())
                   if isinstance(t, torch.Tensor) and t.is_floating_point() and d else t

@@ -1,5 +1,6 @@
 """mmcv._ext's deformable convolutions and multi-scale deformable attention, on
-opbridge::deform_conv2d and opbridge::multi_scale_deformable_attention and their backward ops.
+opbridge::deform_conv2d and opbridge::multi_scale_deformable_attention and their backward ops,
+the parameters named as mmcv's bindings (its pybind.cpp) name them.
 mmcv's column and ones buffers (scratch space of its im2col kernels) and im2col_step (its batch
 chunking) are taken and not needed: the ops take the whole batch at once."""
 
@@ -23,7 +24,7 @@ def _geometry(dH, dW, padH, padW, dilationH, dilationW, group, deformable_group)
 
 
 def deform_conv_forward(input: Tensor, weight: Tensor, offset: Tensor, output: Tensor, columns: Tensor,
-                        ones: Tensor, *, kW: int, kH: int, dW: int, dH: int, padW: int, padH: int, dilationW: int,
+                        ones: Tensor, kW: int, kH: int, dW: int, dH: int, padW: int, padH: int, dilationW: int,
                         dilationH: int, group: int, deformable_group: int, im2col_step: int) -> None:
     """DCNv1: output (N, C_out, H_out, W_out), filled."""
     output.copy_(_OPS.deform_conv2d(input, weight, offset, None, None,
@@ -37,29 +38,30 @@ def _deform_backward(input, offset, grad_output, weight, mask, dH, dW, padH, pad
                                        *_geometry(dH, dW, padH, padW, dilationH, dilationW, group, deformable_group))
 
 
-def deform_conv_backward_input(input: Tensor, offset: Tensor, grad_output: Tensor, grad_input: Tensor,
-                               grad_offset: Tensor, weight: Tensor, columns: Tensor, *, kW: int, kH: int, dW: int,
+def deform_conv_backward_input(input: Tensor, offset: Tensor, gradOutput: Tensor, gradInput: Tensor,  # noqa: N803
+                               gradOffset: Tensor, weight: Tensor, columns: Tensor, kW: int, kH: int, dW: int,
                                dH: int, padW: int, padH: int, dilationW: int, dilationH: int, group: int,
                                deformable_group: int, im2col_step: int) -> None:
     """DCNv1's gradients for input and offset, filled."""
-    grads = _deform_backward(input, offset, grad_output, weight, None, dH, dW, padH, padW, dilationH, dilationW, group,
+    grads = _deform_backward(input, offset, gradOutput, weight, None, dH, dW, padH, padW, dilationH, dilationW, group,
                              deformable_group)
-    grad_input.copy_(grads[0])
-    grad_offset.copy_(grads[2])
+    gradInput.copy_(grads[0])
+    gradOffset.copy_(grads[2])
 
 
-def deform_conv_backward_parameters(input: Tensor, offset: Tensor, grad_output: Tensor, grad_weight: Tensor,
-                                    columns: Tensor, ones: Tensor, *, kW: int, kH: int, dW: int, dH: int, padW: int,
+def deform_conv_backward_parameters(input: Tensor, offset: Tensor, gradOutput: Tensor, gradWeight: Tensor,  # noqa: N803
+                                    columns: Tensor, ones: Tensor, kW: int, kH: int, dW: int, dH: int, padW: int,
                                     padH: int, dilationW: int, dilationH: int, group: int, deformable_group: int,
                                     scale: float, im2col_step: int) -> None:
-    """DCNv1's weight gradient, times `scale`, added to grad_weight (as mmcv accumulates it)."""
-    grads = _deform_backward(input, offset, grad_output, grad_weight.new_zeros(grad_weight.shape), None, dH, dW, padH,
+    """DCNv1's weight gradient, times `scale`, added to gradWeight (as mmcv accumulates it). mmcv
+    passes no weight here: the weight's gradient does not depend on it, so zeros stand in."""
+    grads = _deform_backward(input, offset, gradOutput, gradWeight.new_zeros(gradWeight.shape), None, dH, dW, padH,
                              padW, dilationH, dilationW, group, deformable_group)
-    grad_weight.add_(grads[1], alpha=scale)
+    gradWeight.add_(grads[1], alpha=scale)
 
 
 def modulated_deform_conv_forward(input: Tensor, weight: Tensor, bias: Tensor, ones: Tensor, offset: Tensor,
-                                  mask: Tensor, output: Tensor, columns: Tensor, *, kernel_h: int, kernel_w: int,
+                                  mask: Tensor, output: Tensor, columns: Tensor, kernel_h: int, kernel_w: int,
                                   stride_h: int, stride_w: int, pad_h: int, pad_w: int, dilation_h: int,
                                   dilation_w: int, group: int, deformable_group: int, with_bias: bool) -> None:
     """DCNv2: output (N, C_out, H_out, W_out), filled; bias is an empty stand-in unless with_bias."""
@@ -70,7 +72,7 @@ def modulated_deform_conv_forward(input: Tensor, weight: Tensor, bias: Tensor, o
 
 def modulated_deform_conv_backward(input: Tensor, weight: Tensor, bias: Tensor, ones: Tensor, offset: Tensor,
                                    mask: Tensor, columns: Tensor, grad_input: Tensor, grad_weight: Tensor,
-                                   grad_bias: Tensor, grad_offset: Tensor, grad_mask: Tensor, grad_output: Tensor, *,
+                                   grad_bias: Tensor, grad_offset: Tensor, grad_mask: Tensor, grad_output: Tensor,
                                    kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, pad_h: int, pad_w: int,
                                    dilation_h: int, dilation_w: int, group: int, deformable_group: int,
                                    with_bias: bool) -> None:
@@ -86,7 +88,7 @@ def modulated_deform_conv_backward(input: Tensor, weight: Tensor, bias: Tensor, 
 
 
 def ms_deform_attn_forward(value: Tensor, value_spatial_shapes: Tensor, value_level_start_index: Tensor,
-                           sampling_locations: Tensor, attention_weights: Tensor, *, im2col_step: int) -> Tensor:
+                           sampling_locations: Tensor, attention_weights: Tensor, im2col_step: int) -> Tensor:
     """Multi-scale deformable attention: (B, Q, H*D), returned (mmcv's one function that returns)."""
     return _OPS.multi_scale_deformable_attention(value, value_spatial_shapes, value_level_start_index,
                                                  sampling_locations, attention_weights)
@@ -94,7 +96,7 @@ def ms_deform_attn_forward(value: Tensor, value_spatial_shapes: Tensor, value_le
 
 def ms_deform_attn_backward(value: Tensor, value_spatial_shapes: Tensor, value_level_start_index: Tensor,
                             sampling_locations: Tensor, attention_weights: Tensor, grad_output: Tensor,
-                            grad_value: Tensor, grad_sampling_loc: Tensor, grad_attn_weight: Tensor, *,
+                            grad_value: Tensor, grad_sampling_loc: Tensor, grad_attn_weight: Tensor,
                             im2col_step: int) -> None:
     """Its gradients for value, sampling locations and attention weights, filled."""
     gv, gl, ga = _OPS.multi_scale_deformable_attention_backward(grad_output.contiguous(), value, value_spatial_shapes,
