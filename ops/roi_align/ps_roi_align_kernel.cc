@@ -22,7 +22,11 @@ struct PsRoi {
 template <typename T>
 std::vector<PsRoi<T>> ps_rois(KernelContext& ctx, const TensorView& input, const TensorView& rois, int64_t oh,
                               int64_t ow, double spatial_scale, int64_t sampling_ratio) {
-  const int64_t n = input.dim(0), h = input.dim(2), w = input.dim(3), k_count = rois.dim(0);
+  // An empty input is read nowhere (every sample falls outside it), and its other axes, which may
+  // be huge beside a zero one, must not size the scratch.
+  const int64_t n = input.dim(0), k_count = rois.dim(0);
+  const bool empty = input.numel() == 0;
+  const int64_t h = empty ? 0 : input.dim(2), w = empty ? 0 : input.dim(3);
   const T* r = rois.data_as<T>();
   const T scale = static_cast<T>(static_cast<float>(spatial_scale));
   std::vector<PsRoi<T>> out(static_cast<size_t>(k_count));

@@ -59,13 +59,17 @@ struct Separable {
 template <typename T>
 std::vector<Separable<T>> all_weights(KernelContext& ctx, const Params& p, const std::vector<Bins<T>>& bins) {
   std::vector<Separable<T>> out(bins.size());
+  // An empty input is read nowhere (every sample falls outside it), and its other axes, which may
+  // be huge beside a zero one, must not size the scratch.
+  const bool empty = p.n == 0 || p.c == 0 || p.h == 0 || p.w == 0;
+  const int64_t h = empty ? 0 : p.h, w = empty ? 0 : p.w;
   ctx.parallel_for(p.k, 16, [&](int64_t b, int64_t e) {
-    std::vector<T> dense(static_cast<size_t>(std::max(p.h, p.w)), T(0));
+    std::vector<T> dense(static_cast<size_t>(std::max(h, w)), T(0));
     for (int64_t k = b; k < e; ++k) {
       const Bins<T>& g = bins[k];
       Separable<T>& s = out[k];
-      s.rows.build(p.oh, g.grid_h, p.h, [&](int64_t ph, int64_t iy) { return g.y(ph, iy); }, dense);
-      s.cols.build(p.ow, g.grid_w, p.w, [&](int64_t pw, int64_t ix) { return g.x(pw, ix); }, dense);
+      s.rows.build(p.oh, g.grid_h, h, [&](int64_t ph, int64_t iy) { return g.y(ph, iy); }, dense);
+      s.cols.build(p.ow, g.grid_w, w, [&](int64_t pw, int64_t ix) { return g.x(pw, ix); }, dense);
       s.xlo = p.w;
       s.xhi = -1;
       for (int64_t pw = 0; pw < p.ow; ++pw) {

@@ -105,6 +105,18 @@ def test_gradient_is_the_chain_rule_through_the_loops(s):
     np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("op", ["roi_align", "ps_roi_align"])
+def test_an_empty_input_with_a_huge_axis_sizes_nothing_by_it(op):
+    # (1, 0, 2, 2^40): no element, so nothing is read; a scratch row sized by the huge axis (4 TiB)
+    # would fail to allocate. The output is empty like the input's channels.
+    x, rois = torch.empty(1, 0, 2, 2**40), torch.tensor([[0.0, 0.0, 0.0, 1.0, 1.0]])
+    out = getattr(OPS, op)(x, rois, [2, 2], 1.0, 2)
+    out = out[0] if isinstance(out, tuple) else out
+    assert out.shape == (1, 0, 2, 2)
+    grad = getattr(OPS, f"{op}_backward")(out, x, rois, [2, 2], 1.0, 2)
+    assert grad.shape == x.shape
+
+
 def test_a_bad_rois_row_is_a_failed_status_in_onnxruntime():
     class Net(torch.nn.Module):
         def forward(self, x, rois):
