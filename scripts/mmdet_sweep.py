@@ -63,17 +63,21 @@ def table(results: Path) -> str:
     at_least = {name: sum(n for i, n in reached.items() if i >= order.index(name)) for name in order[1:]}
     lines = [f"{len(reports)} configs: {at_least['build']} build, {at_least['predict']} predict eagerly, "
              f"{at_least['export']} export (TorchScript exporter, tensor mode), {at_least['match']} match eager "
-             "in ONNX Runtime.", "", "| config | reached | why not further | missing mmcv._ext functions |",
-             "|---|---|---|---|"]
+             "in ONNX Runtime. Those that match: " +
+             ", ".join(f"`{r['config'].split('/')[0]}`" for r in sorted(reports, key=lambda r: r["config"])
+                       if stage(r) == "match") + ".", "", "The others:", "",
+             "| config | reached | why not further | missing mmcv._ext functions |", "|---|---|---|---|"]
     for r in sorted(reports, key=lambda r: r["config"]):
         s = stage(r)
         why = ""
+        if s == "match":
+            continue
         if s != "match":
             key = {"none": "build", "build": "predict", "predict": "torchscript", "export": "torchscript"}[s]
             value = r.get(key, "")
             why = (value if isinstance(value, str) else f"max relative difference {value['max_rel_diff']:.2g}, "
                    f"{value['integer_mismatches']} unequal integers, {value.get('differing_rows', 0)} differing rows")
-            why = why.splitlines()[0][:160].replace("|", "\\|") if why else ""
+            why = " ".join(why.split())[:200].replace("|", "\\|") if why else ""
         lines.append(f"| {r['config']} | {s} | {why} | {', '.join(r.get('missing', []))} |")
     return "\n".join(lines)
 

@@ -7,6 +7,7 @@ Without it and without the index, the test that wants it skips, saying why.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import importlib.metadata
 import os
@@ -64,10 +65,21 @@ def python_with(name: str, requirements: list[str], *, on_top: bool = False) -> 
     installs only what they lack; otherwise it holds the requirements alone."""
     py = f"py{sys.version_info.major}{sys.version_info.minor}"
     home = envs_dir() / f"{py}-{name}"
-    python = home / "bin" / "python"
     wanted = " ".join(requirements) + (" (on top)" if on_top else "") + "\n"
     if (home / "ready").is_file() and (home / "ready").read_text() == wanted:
-        return python
+        return home / "bin" / "python"
+    # Test workers asking for one environment at once: one makes it, the others wait for it (a
+    # second maker would delete the first one's environment while its tests use it).
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with open(home.parent / f".{home.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _make(home, requirements, on_top, wanted)
+
+
+def _make(home: Path, requirements: list[str], on_top: bool, wanted: str) -> Path:
+    python = home / "bin" / "python"
+    if (home / "ready").is_file() and (home / "ready").read_text() == wanted:
+        return python  # made while this process waited
     url = index_url()
     # The project's name alone: no extras ("ray[serve]") or version specifier.
     project = re.split(r"[\[<>=!~;\s]", requirements[0], maxsplit=1)[0]

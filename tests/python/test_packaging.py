@@ -219,6 +219,85 @@ def test_load_inline_builds_against_the_installed_torch(fresh_env, tmp_path):
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
 
 
+TORCHVISION_DETECTION = textwrap.dedent("""
+    import json, sys, warnings, numpy as np, torch, torchvision, opbridge
+    torch.manual_seed(0)
+    model = torchvision.models.detection.fasterrcnn_resnet50_fpn(
+        weights=None, weights_backbone=None, num_classes=5, box_score_thresh=0.0, min_size=320, max_size=320).eval()
+
+    class Boxes(torch.nn.Module):  # the detections of one image, as tensors
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, image):
+            found = self.model([image])[0]
+            return found["boxes"], found["scores"], found["labels"]
+
+    def unordered_difference(got, want):
+        # Detections whose scores tie have no order two runtimes share: the detections (label,
+        # score, box) are compared as sets.
+        rows = [np.concatenate([o[2][:, None].astype(np.float64), o[1][:, None], o[0]], 1) for o in (got, want)]
+        a, b = (r[np.lexsort(np.round(r, 3).T[::-1])] for r in rows)
+        return float(np.abs(a - b).max()) if len(a) else 0.0
+
+    image = torch.rand(3, 320, 320, generator=torch.Generator().manual_seed(1))
+    # Random weights score every box alike, so which comes first would hang on the last bits of
+    # two runtimes' convolutions: the classifiers' logits are spread to a standard deviation of 2.
+    layers = [model.rpn.head.cls_logits, model.roi_heads.box_predictor.cls_score]
+    seen = []
+    hooks = [layer.register_forward_hook(lambda m, i, o: seen.append((m, o.detach().std()))) for layer in layers]
+    with torch.no_grad():
+        model([image])
+    for hook in hooks:
+        hook.remove()
+    with torch.no_grad():
+        for layer, std in dict(seen).items():
+            layer.weight.mul_(2 / std)
+    report = {}
+    for exporter in ("torchscript", "dynamo"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                proto = opbridge.export(Boxes().eval(), (image,), f"frcnn_{exporter}.onnx", exporter=exporter,
+                                        input_names=["image"])
+        except opbridge.OpbridgeError as e:
+            report[exporter] = str(e).splitlines()[0]
+            continue
+        def walk(graph):  # torchvision's NMS sits in an If branch
+            for n in graph.node:
+                yield n
+                for a in n.attribute:
+                    for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                        yield from walk(g)
+        nodes = sorted({n.op_type for n in walk(proto.graph) if n.domain == "opbridge"})
+        with torch.no_grad():
+            want = [t.numpy() for t in Boxes().eval()(image)]
+        got = opbridge.session(f"frcnn_{exporter}.onnx").run(None, {"image": image.numpy()})
+        report[exporter] = {"nodes": nodes, "shapes": [list(g.shape) for g in got],
+                            "eager_shapes": [list(w.shape) for w in want],
+                            "boxes": unordered_difference(got, want) if got[0].shape == want[0].shape else None}
+    json.dump(report, open(sys.argv[1], "w"))
+""")
+
+
+def test_torchvision_detection_model_exports_on_torchvisions_own_ops(build, fresh_env, tmp_path):
+    # torchvision's Faster R-CNN (ResNet-50 FPN, random weights, at 320x320) calls torchvision::nms (batched_nms) and torchvision::roi_align
+    # (MultiScaleRoIAlign), which opbridge's rules export as its Nms and RoiAlign nodes; torchvision
+    # loads only beside torch 2.14.1 (the README says why).
+    if build.torch == THIS_TORCH:
+        pytest.skip(f"no torchvision loads beside torch {THIS_TORCH} (CPU build)")
+    (tmp_path / "tv.py").write_text(TORCHVISION_DETECTION)
+    r = in_env(fresh_env, [fresh_env / "bin" / "python", "tv.py", "out.json"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    report = json.loads((tmp_path / "out.json").read_text())
+    exported = report["torchscript"]
+    assert isinstance(exported, dict), report
+    assert {"Nms", "RoiAlign"} <= set(exported["nodes"]), exported
+    assert exported["shapes"] == exported["eager_shapes"] and exported["shapes"][0][0] > 0, exported
+    assert exported["boxes"] < 0.05, exported  # pixels of a 320-pixel image, scores within 0.05 too
+
+
 def test_another_torch_is_refused_at_import(tmp_path):
     # The installed libraries, with a build record that names another torch.
     lib = opbridge.build_info()

@@ -29,7 +29,7 @@ from .optimizer import optimize as optimize_program
 from .rules import ExportOptions
 from .repairs import agree_input_types, squeeze_only_ones
 from .substitution import substitutions
-from .torchscript import custom_opsets, options_requested, torchscript_exporter_available
+from .torchscript import claim_existing_ops, custom_opsets, options_requested, torchscript_exporter_available
 from .traced_sizes import traced_sizes
 
 EXPORTERS = ("dynamo", "torchscript")
@@ -179,6 +179,7 @@ def export(
             # The TorchScript exporter passes everything positionally: bind keywords here.
             model, args = KeywordsBound(model, args, kwargs), tuple(tensor_leaves((args, kwargs)))
         buf = io.BytesIO()
+        claim_existing_ops()
         with isolated(verbose, native_output=True) as caught, op_errors(), _missing_ops(), \
                 options_requested(custom_nodes, portable), traced_sizes(), substitutions(*modules_of(model)):
             torch.onnx.export(model, _torch_args(args), buf, dynamo=False, do_constant_folding=optimize,

@@ -21,6 +21,14 @@ from .rules import ExportOptions, choose_target, input_dtypes, map_call, split_a
 # One symbolic for every opset: registered at the exporter's base opset, which its registry also
 # serves to older targets. Below an op's lowest rule the symbolic says which opset it needs.
 TORCHSCRIPT_BASE_OPSET = 9
+# The exporter takes, for a target opset, the symbolic registered at the highest opset not above
+# it: a rule for an op that PyTorch or a package already has is registered at every opset up to
+# this, so that the package's own symbolic at a higher opset (torchvision registers some at 11 and
+# 16, writing standard ONNX ops that compute something else) does not take over from there.
+try:
+    from torch.onnx._constants import ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET as TORCHSCRIPT_MAX_OPSET
+except ImportError:  # a torch that names it otherwise
+    TORCHSCRIPT_MAX_OPSET = 20
 
 
 def torchscript_exporter_available() -> bool:
@@ -127,13 +135,26 @@ def _set_output_types(op: OpInfo, inputs: list, consts: dict, outs: list) -> Non
         value.setType(torch._C.TensorType.create_from_tensor(like).with_sizes(sizes))
 
 
-def register_torchscript_symbolics(lib: Library) -> None:
-    if not torchscript_exporter_available():
-        return  # export(exporter="torchscript") says so in one line
+def _register(ops) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation notice, once per op
-        for op in lib.ops:
-            torch.onnx.register_custom_op_symbolic(op.qualified_name, symbolic_for(op), TORCHSCRIPT_BASE_OPSET)
+        for op in ops:
+            symbolic = symbolic_for(op)
+            top = TORCHSCRIPT_BASE_OPSET if op.defines_torch_op else TORCHSCRIPT_MAX_OPSET
+            for opset in range(TORCHSCRIPT_BASE_OPSET, top + 1):
+                torch.onnx.register_custom_op_symbolic(op.qualified_name, symbolic, opset)
+
+
+def register_torchscript_symbolics(lib: Library) -> None:
+    if torchscript_exporter_available():  # else export(exporter="torchscript") says so in one line
+        _register(lib.ops)
+
+
+def claim_existing_ops() -> None:
+    """Before a TorchScript export: the rules for ops PyTorch or a package already has, registered
+    again over what a package imported since the library loaded registered for them (torchvision
+    registers its symbolics when it is imported)."""
+    _register([op for op in all_ops() if not op.defines_torch_op])
 
 
 def custom_opsets() -> dict[str, int]:
