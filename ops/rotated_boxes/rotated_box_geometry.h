@@ -39,7 +39,11 @@ PreparedBox<T> prepare(const T* b, double sign) {
   p.ux = c * hw, p.uy = s * hw;
   p.vx = -s * hh, p.vy = c * hh;
   p.area = b[2] * b[3];
-  p.radius = std::hypot(static_cast<double>(hw), static_cast<double>(hh));
+  // Not std::hypot: glibc 2.35 versioned it anew, which would lift the library's glibc floor.
+  // Squares of a float's half sides fit a double; a double's overflow gives +inf, which only
+  // disables the disjointness shortcut.
+  const double dw = static_cast<double>(hw), dh = static_cast<double>(hh);
+  p.radius = std::sqrt(dw * dw + dh * dh);
   return p;
 }
 
