@@ -4,11 +4,12 @@ each built with random weights and run eagerly on one 320x320 image, then export
 the TorchScript exporter) and compared with ONNX Runtime, by tests/python/mmdet_models.py in the
 environment the tests make (mmdet 3.3.0, mmcv-lite 2.1.0, mmengine 0.10.7).
 
-    .venv/bin/python scripts/mmdet_sweep.py [--results FILE] [--only FOLDER ...] [--table]
+    .venv/bin/python scripts/mmdet_sweep.py [--results FILE] [--only FOLDER ...] [--again] [--table]
 
 Resumable: each model's report is appended to the results file (one JSON line,
 build/mmdet_sweep.jsonl by default) as it finishes, and a folder already there is skipped, so the
-sweep can stop and go on across sessions. --table prints the summary docs/models.md shows. A
+sweep can stop and go on across sessions. --again runs the folders --only names even if they are
+there (after a fix); a folder's last report is the one that counts. --table prints the summary docs/models.md shows. A
 model gets 15 minutes.
 """
 
@@ -57,7 +58,12 @@ def stage(report: dict) -> str:
 
 
 def table(results: Path) -> str:
-    reports = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    last = {}  # by folder: the last report counts (--again appends a newer one)
+    for line in results.read_text().splitlines():
+        if line.strip():
+            report = json.loads(line)
+            last[report["config"].split("/")[0]] = report
+    reports = list(last.values())
     order = ("none", "build", "predict", "export", "match")
     reached = collections.Counter(order.index(stage(r)) for r in reports)
     at_least = {name: sum(n for i, n in reached.items() if i >= order.index(name)) for name in order[1:]}
@@ -86,6 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=ROOT / "build" / "mmdet_sweep.jsonl")
     parser.add_argument("--only", nargs="*", help="configs folders to run (default: all)")
+    parser.add_argument("--again", action="store_true", help="run the --only folders even if already done")
     parser.add_argument("--table", action="store_true", help="print the summary table and stop")
     args = parser.parse_args()
     if args.table:
@@ -96,7 +103,9 @@ def main() -> None:
                                    "print(pathlib.Path(mmdet.__file__).parent / '.mim' / 'configs')"],
                                   capture_output=True, text=True, check=True).stdout.strip())
     done = set()
-    if args.results.is_file():
+    if args.again and not args.only:
+        parser.error("--again re-runs the folders --only names")
+    if args.results.is_file() and not args.again:
         done = {json.loads(line)["config"].split("/")[0] for line in args.results.read_text().splitlines() if line}
     folders = [f for f in sorted(configs.iterdir()) if f.is_dir() and not f.name.startswith("_")
                and (not args.only or f.name in args.only)]

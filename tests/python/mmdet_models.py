@@ -105,8 +105,29 @@ def build(config: str, score_thr: float | None = None):
     meta = dict(img_shape=(SIZE, SIZE), ori_shape=(SIZE, SIZE), pad_shape=(SIZE, SIZE), scale_factor=(1.0, 1.0),
                 batch_input_shape=(SIZE, SIZE), img_id=0)
     data = model.data_preprocessor({"inputs": [image], "data_samples": [DetDataSample(metainfo=meta)]}, False)
+    if takes_proposals(model):
+        data["data_samples"][0].proposals = _instances(proposals(300, 2))
     _spread_scores(model, data["inputs"], data["data_samples"])
     return model, data["inputs"], data["data_samples"]
+
+
+def takes_proposals(model) -> bool:
+    """A two-stage detector built without an RPN (Fast R-CNN's configs) reads its RoIs from the
+    data sample's `proposals`, which a dataset loads from a file."""
+    return getattr(model, "with_rpn", True) is False
+
+
+def proposals(n: int, seed: int) -> torch.Tensor:
+    """(n, 4) boxes (x1, y1, x2, y2) inside the image, of sides 8 to 256."""
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=g) * (SIZE - 8)
+    side = 8 + torch.rand(n, 2, generator=g) * 248
+    return torch.cat([xy, torch.minimum(xy + side, torch.tensor(float(SIZE)))], 1)
+
+
+def _instances(boxes: torch.Tensor):
+    from mmengine.structures import InstanceData
+    return InstanceData(bboxes=boxes, scores=torch.ones(len(boxes)))
 
 
 class TensorMode(torch.nn.Module):
@@ -118,15 +139,24 @@ class TensorMode(torch.nn.Module):
         self.model, self.data_samples = model, data_samples
         self.eval()
 
-    def forward(self, inputs):
-        return self.model(inputs, self.data_samples, mode="tensor")
+    def samples(self, proposals):
+        """The data samples, with `proposals` as theirs where the model takes them (an input of
+        the export, not a constant)."""
+        if proposals is None:
+            return self.data_samples
+        samples = [s.clone() for s in self.data_samples]
+        samples[0].proposals = _instances(proposals)
+        return samples
+
+    def forward(self, inputs, proposals=None):
+        return self.model(inputs, self.samples(proposals), mode="tensor")
 
 
 class Predict(TensorMode):
     """model.predict on the image: the first image's boxes, scores and labels after NMS."""
 
-    def forward(self, inputs):
-        found = self.model(inputs, self.data_samples, mode="predict")[0].pred_instances
+    def forward(self, inputs, proposals=None):
+        found = self.model(inputs, self.samples(proposals), mode="predict")[0].pred_instances
         return found.bboxes, found.scores, found.labels
 
 
@@ -145,13 +175,13 @@ def _error(e: BaseException) -> str:
     return "\n".join(lines[:12])
 
 
-def _interleaved_ms(model, inputs, session, name: str, rounds: int = 5) -> dict:
+def _interleaved_ms(model, args: tuple, session, names: list[str], rounds: int = 5) -> dict:
     eager, ort, ratios = [], [], []
-    feeds = {name: inputs.numpy()}
+    feeds = {name: a.numpy() for name, a in zip(names, args)}
     for _ in range(rounds):
         t = time.perf_counter()
         with torch.no_grad():
-            model(inputs)
+            model(*args)
         e = time.perf_counter() - t
         t = time.perf_counter()
         session.run(None, feeds)
@@ -164,19 +194,25 @@ def _interleaved_ms(model, inputs, session, name: str, rounds: int = 5) -> dict:
 def export_and_compare(model, inputs, exporter: str, workdir: Path, timing: bool) -> dict:
     import onnx
     path = workdir / f"model_{exporter}.onnx"
+    # A model that takes proposals takes them as a second input, of any number (proven at 200).
+    given = takes_proposals(model.model)
+    names = ["inputs", "proposals"] if given else ["inputs"]
+    args = (inputs, proposals(300, 2)) if given else (inputs,)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        opbridge.export(model, (inputs,), str(path), exporter=exporter, input_names=["inputs"])
+        opbridge.export(model, args, str(path), exporter=exporter, input_names=names,
+                        dynamic_axes={"proposals": {0: "proposals"}} if given else None,
+                        check_args=(inputs, proposals(200, 3)) if given else None)
     graph = onnx.load(str(path), load_external_data=False).graph
     nodes = sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in graph.node if n.domain not in ("", "ai.onnx")})
     session = opbridge.session(str(path))
     worst, integer_mismatches, reordered, differing = 0.0, 0, 0, 0
     # The image, and its mirror image: what a trace took from the first one's values (a count of
-    # boxes, say) shows at the second.
-    for image in (inputs, inputs.flip(-1).contiguous()):
+    # boxes, say) shows at the second (with other proposals, where the model takes them).
+    for case in (args, (inputs.flip(-1).contiguous(), proposals(250, 4))[:len(args)]):
         with torch.no_grad():
-            expected = [t.numpy() for t in _leaves(model(image))]
-        got = session.run(None, {"inputs": image.numpy()})
+            expected = [t.numpy() for t in _leaves(model(*case))]
+        got = session.run(None, {name: a.numpy() for name, a in zip(names, case)})
         worst, mismatches, moved, other = _compare(got, expected, worst)
         integer_mismatches, reordered, differing = integer_mismatches + mismatches, reordered + moved, max(differing,
                                                                                                         other)
@@ -185,7 +221,7 @@ def export_and_compare(model, inputs, exporter: str, workdir: Path, timing: bool
               "reordered_rows": reordered, "differing_rows": differing, "output_dims": dims,
               "grid_samples": sum(n.op_type == "GridSample" for n in graph.node)}
     if timing:
-        report.update(_interleaved_ms(model, inputs, session, "inputs"))
+        report.update(_interleaved_ms(model, args, session, names))
     return report
 
 

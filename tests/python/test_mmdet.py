@@ -157,3 +157,64 @@ def test_retinanet_exports_end_to_end_boxes_scores_and_labels_after_nms(mmdet_py
     assert all(isinstance(dims[0], str) for dims in exported["output_dims"]), exported["output_dims"]
     assert exported["max_rel_diff"] < 1e-4 and exported["integer_mismatches"] == 0, exported
     assert exported["differing_rows"] == 0 and exported["reordered_rows"] == 0, exported
+
+
+# mmdet's SingleRoIExtractor pools a pyramid level only where the example's RoIs reach it: traced
+# as is, a level the example left empty yields zeros at every other input. opbridge's rule
+# (compat/mmdet/roi_extractor.py) pools every level; the plain trace shows what it mends.
+ROI_LEVELS = textwrap.dedent('''
+    import json, sys
+    import numpy as np, torch
+    import opbridge, opbridge.compat
+    opbridge.compat.install("mmcv")
+    from mmdet.models.roi_heads.roi_extractors import SingleRoIExtractor
+    from opbridge.compat.mmdet.roi_extractor import TARGET
+    torch.manual_seed(0)
+    ext = SingleRoIExtractor(roi_layer=dict(type="RoIAlign", output_size=7, sampling_ratio=0),
+                             out_channels=8, featmap_strides=[4, 8, 16, 32]).eval()
+    feats = tuple(torch.randn(2, 8, 128 // s, 128 // s) for s in (1, 2, 4, 8))
+    def rois(sides):  # one RoI per side length: levels 0..3 from 56 * 2 ** (level + 1)
+        n = len(sides)
+        x1, y1 = torch.rand(n) * 100, torch.rand(n) * 100
+        side = torch.tensor(sides, dtype=torch.float)
+        return torch.stack([torch.arange(n) % 2, x1, y1, x1 + side, y1 + side], 1).float()
+    examples = {"level 0 only": rois([20, 30, 40, 50]), "one at level 2": rois([20, 30, 300, 50])}
+    every_level = rois([20, 150, 300, 600, 40, 160, 320, 700, 80])
+    want = ext(feats, every_level).numpy()
+    names = ["f0", "f1", "f2", "f3", "rois"]
+    out = {}
+    for name, example in examples.items():
+        path = sys.argv[1] + name.replace(" ", "_") + ".onnx"
+        opbridge.export(ext, (feats, example), path, exporter="torchscript", input_names=names,
+                        dynamic_axes={"rois": {0: "k"}}, check_args=(feats, every_level))
+        s = opbridge.session(path)
+        got = s.run(None, dict(zip(names, [f.numpy() for f in feats] + [every_level.numpy()])))[0]
+        row = np.abs(got - want).reshape(len(want), -1).max(1)
+        out[name] = {"max": float(row.max()), "scale": float(np.abs(want).max())}
+    # The same export with mmdet's own forward (the rule set to the original): the proof at the
+    # second input must refuse it.
+    opbridge.substitute(TARGET, SingleRoIExtractor.forward)
+    for name, example in examples.items():
+        try:
+            opbridge.export(ext, (feats, example), None, exporter="torchscript", input_names=names,
+                            dynamic_axes={"rois": {0: "k"}}, check_args=(feats, every_level))
+            out[name]["unruled"] = "exported"
+        except opbridge.OpbridgeError as e:
+            out[name]["unruled"] = str(e)
+    json.dump(out, open(sys.argv[1] + "out.json", "w"))
+''')
+
+
+@pytest.mark.environments
+def test_roi_extractor_pools_every_level_at_any_input(mmdet_python, tmp_path):
+    r = _run(mmdet_python, ["-c", ROI_LEVELS, str(tmp_path) + "/"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    for name, got in out.items():
+        # opbridge's export: every RoI as eager pools it, whichever levels the example reached
+        assert got["max"] <= 1e-5 * got["scale"], (name, got)
+    # Without the rule the trace keeps the example's branches: the levels the example left empty
+    # give zero rows (7 of the 9 RoIs sit there), and one RoI at a level bakes a reshape; the proof
+    # at the second input refuses both exports.
+    for name, got in out.items():
+        assert got["unruled"] != "exported" and "rois" in got["unruled"], (name, got["unruled"][:2000])
