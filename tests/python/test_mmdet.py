@@ -218,3 +218,51 @@ def test_roi_extractor_pools_every_level_at_any_input(mmdet_python, tmp_path):
     # at the second input refuses both exports.
     for name, got in out.items():
         assert got["unruled"] != "exported" and "rois" in got["unruled"], (name, got["unruled"][:2000])
+
+
+# mmcv's CornerPool (CornerNet, CentripetalNet) runs torch.cummax, which neither exporter
+# translates; opbridge's rule (compat/mmcv/corner_pool.py) runs opbridge::corner_pool with the
+# module's mode.
+CORNER_POOL = textwrap.dedent('''
+    import json, sys
+    import numpy as np, torch
+    import opbridge, opbridge.compat
+    opbridge.compat.install("mmcv")
+    from mmcv.ops import CornerPool
+    out = {}
+    for mode in ("top", "bottom", "left", "right"):
+        pool = CornerPool(mode).eval()
+        x, x2 = torch.randn(1, 4, 9, 11), torch.randn(2, 4, 14, 6)
+        with torch.no_grad():
+            want, want2 = pool(x), pool(x2)
+            with opbridge.substitutions(pool):
+                same = bool(torch.equal(pool(x), want))
+        proto = opbridge.export(pool, (x,), None, exporter="torchscript", input_names=["x"],
+                                dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}}, check_args=(x2,))
+        s = opbridge.session(proto)
+        got, got2 = (s.run(None, {"x": a.numpy()})[0] for a in (x, x2))
+        out[mode] = {"same_eager": same, "nodes": [n.op_type for n in proto.graph.node],
+                     "equal": bool(np.array_equal(got, want.numpy())), "equal2": bool(np.array_equal(got2, want2.numpy()))}
+    # Without the rule (set to mmcv's own forward) the export meets torch.cummax.
+    opbridge.substitute("mmcv.ops.corner_pool.CornerPool.forward", CornerPool.forward)
+    try:
+        opbridge.export(CornerPool("top").eval(), (torch.randn(1, 4, 9, 11),), None, exporter="torchscript")
+        out["unruled"] = "exported"
+    except Exception as e:
+        out["unruled"] = str(e)
+    json.dump(out, open(sys.argv[1], "w"))
+''')
+
+
+@pytest.mark.environments
+def test_mmcv_corner_pool_exports_as_opbridge_corner_pool(mmdet_python, tmp_path):
+    r = _run(mmdet_python, ["-c", CORNER_POOL, str(tmp_path / "out.json")])
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    for mode in ("top", "bottom", "left", "right"):
+        got = out[mode]
+        # One opbridge node, equal to mmcv's eager output at the example and at a second size
+        # (other batch, height and width), and the substitution's eager output equal to mmcv's.
+        assert got["nodes"] == ["CornerPool"], (mode, got)
+        assert got["same_eager"] and got["equal"] and got["equal2"], (mode, got)
+    assert "cummax" in out["unruled"], out["unruled"][:2000]

@@ -175,5 +175,6 @@ _substitute_the_real_packages()
 from . import deformable_attention  # noqa: E402,F401
 # mmcv's box_iou_rotated picks one of two ops by its `aligned` flag: a Python rule.
 from .mmcv import rotated as _mmcv_rotated  # noqa: E402,F401
+from .mmcv import corner_pool as _mmcv_corner_pool  # noqa: E402,F401
 # mmdet's RoI extractor branches on how many RoIs each level has: a rule that does not.
 from .mmdet import roi_extractor as _mmdet_roi_extractor  # noqa: E402,F401
