@@ -14,6 +14,7 @@
 # names to the C++ that defines or looks for them and writes them into build_info.json for Python.
 set(OPBRIDGE_MANIFEST_SYMBOL opbridge_manifest_json)
 set(OPBRIDGE_ORT_SYMBOL RegisterCustomOps)
+set(OPBRIDGE_OV_SYMBOL create_extensions)  # OPENVINO_CREATE_EXTENSIONS defines it
 
 function(opbridge_add_op_library name)
   cmake_parse_arguments(ARG "" "TORCH_NAMESPACE;ONNX_DOMAIN;DOMAIN_VERSION" "SOURCES" ${ARGN})
@@ -71,6 +72,15 @@ OPBRIDGE_LIBRARY(\"${name}\", \"${ARG_TORCH_NAMESPACE}\", \"${ARG_ONNX_DOMAIN}\"
     add_library(${name}_torch SHARED $<TARGET_OBJECTS:${name}_ops>)
     target_link_libraries(${name}_torch PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,opbridge::torch_adapter>" opbridge::core)
     target_link_options(${name}_torch PRIVATE "-Wl,--version-script=${dir}/torch.map" ${keep_manifest})
+  endif()
+
+  # The OpenVINO library, where the OpenVINO adapter was built: loaded by ov::Core::add_extension,
+  # which looks up create_extensions.
+  if(TARGET opbridge::ov_adapter)
+    file(WRITE ${dir}/ov.map "{ global: ${OPBRIDGE_OV_SYMBOL}; ${OPBRIDGE_MANIFEST_SYMBOL}; local: *; };\n")
+    add_library(${name}_ov SHARED $<TARGET_OBJECTS:${name}_ops>)
+    target_link_libraries(${name}_ov PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,opbridge::ov_adapter>" opbridge::core)
+    target_link_options(${name}_ov PRIVATE "-Wl,--version-script=${dir}/ov.map" "-Wl,--no-undefined" ${keep_manifest})
   endif()
 
   # The ORT library must not depend on libonnxruntime: --no-undefined proves it at link time.

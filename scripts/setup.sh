@@ -53,12 +53,17 @@ fi
 torch_prefix=$($py -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 jobs=${OPBRIDGE_JOBS:-$(nproc)}
 # Configure when never configured (or a configure failed), or when ONNXRUNTIME_ROOT changed.
+# OpenVINO's CMake package comes with the `openvino` wheel (requirements.txt).
+ov_dir=$($py -c 'import openvino, os; print(os.path.join(os.path.dirname(openvino.__file__), "cmake"))' 2>/dev/null || true)
 cached_ort=$(sed -n 's/^ONNXRUNTIME_ROOT:PATH=//p' build/CMakeCache.txt 2>/dev/null || true)
-if [ ! -f build/build.ninja ] || [ "$cached_ort" != "$ort_root" ]; then
-  say "configuring (build/, ONNX Runtime from $ort_root)"
+cached_ov=$(sed -n 's/^OpenVINO_DIR:[A-Z]*=//p' build/CMakeCache.txt 2>/dev/null || true)
+case $cached_ov in *NOTFOUND) cached_ov= ;; esac
+if [ ! -f build/build.ninja ] || [ "$cached_ort" != "$ort_root" ] || [ "$cached_ov" != "$ov_dir" ]; then
+  say "configuring (build/, ONNX Runtime from $ort_root${ov_dir:+, OpenVINO from $ov_dir})"
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$torch_prefix" \
     -DONNXRUNTIME_ROOT="$ort_root" \
+    ${ov_dir:+-DOpenVINO_DIR="$ov_dir"} \
     -DCMAKE_INSTALL_PREFIX="$root/python/opbridge/_sdk" >/dev/null
 fi
 say "building (build/, $jobs jobs)"

@@ -280,6 +280,11 @@ class Library:
         return _named(self.ops, name, f"library '{self.name}' has no op")
 
     @property
+    def openvino_path(self) -> Path | None:  # lib<name>_ov.so beside the others, where the build found OpenVINO
+        found = [p.with_name(p.name.rsplit("_", 1)[0] + "_ov.so") for p in (self.ort_path, self.torch_path) if p]
+        return next((p for p in found if p.is_file()), None)
+
+    @property
     def domains(self) -> set[str]:
         """The ONNX domains the library registers in ONNX Runtime: its own, and those its ops
         name for their own nodes."""

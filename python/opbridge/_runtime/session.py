@@ -57,11 +57,23 @@ def session(
     threads: int | None = None,
     options: ort.SessionOptions | None = None,
     libraries: Sequence[str | os.PathLike] = (),
+    runtime: str = "onnxruntime",
 ) -> ort.InferenceSession:
     """An ONNX Runtime CPU session that can run every opbridge op: the ONNX Runtime side of every
     loaded op library is registered. `libraries` adds ONNX Runtime custom-op libraries of your own
     (lib<name>_ort.so of an op library built without PyTorch, or any other); an op library's
-    PyTorch file is refused, naming its ONNX Runtime sibling."""
+    PyTorch file is refused, naming its ONNX Runtime sibling.
+
+    runtime="openvino" compiles the model with OpenVINO for the CPU instead, every loaded op
+    library's OpenVINO side (lib<name>_ov.so) added, and returns a session called the same way
+    (run, get_inputs, get_outputs); `libraries` then adds OpenVINO extension libraries."""
+    if runtime == "openvino":
+        if options is not None:
+            raise OpbridgeError("session: options are ONNX Runtime's SessionOptions; runtime='openvino' takes threads=")
+        from .openvino import OpenVINOSession
+        return OpenVINOSession(model, threads=threads, libraries=libraries)
+    if runtime != "onnxruntime":
+        raise OpbridgeError(f"session: runtime must be 'onnxruntime' or 'openvino', got {runtime!r}")
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif not isinstance(model, bytes):

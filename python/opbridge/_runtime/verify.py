@@ -273,6 +273,7 @@ def verify(
     prove_dynamic: bool = True,
     check_args: tuple | None = None,
     check_kwargs: dict[str, Any] | None = None,
+    runtime: str = "onnxruntime",
 ) -> VerifyReport:
     """Runs torch eager and ONNX Runtime on the same inputs; reports the largest absolute and
     relative difference per output. A model ONNX Runtime cannot load gives a report that is not
@@ -284,12 +285,14 @@ def verify(
 
     Where the graph has dynamic input axes, they are proven at a second size as opbridge.export
     proves them (prove_dynamic; check_args / check_kwargs give the inputs, else they are derived):
-    the report's `second_size` says what ran, and a failure there makes the report not ok."""
+    the report's `second_size` says what ran, and a failure there makes the report not ok.
+
+    runtime="openvino" runs the model in OpenVINO instead (opbridge.session's runtime=)."""
     args = positional(args)
     kwargs = kwargs or {}
     if sess is None:
         try:
-            sess = session(onnx_model)
+            sess = session(onnx_model, runtime=runtime)
         except (OpbridgeError, ort.capi.onnxruntime_pybind11_state.Fail,
                 ort.capi.onnxruntime_pybind11_state.NotImplemented, ort.capi.onnxruntime_pybind11_state.InvalidGraph) as e:
             return VerifyReport([], rtol, atol, _why_not(onnx_model, e))

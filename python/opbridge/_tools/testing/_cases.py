@@ -62,6 +62,9 @@ class OpCase:
     atol: float = 1e-6
     # Resizes a sample for the dynamic-axis test: (sample, new size) -> sample.
     resize: Callable[[Sample, int], Sample] | None = None
+    # Why OpenVINO cannot run the op's exported models (a dtype its CPU plugin converts, say);
+    # None: the OpenVINO test runs every sample ONNX Runtime runs.
+    no_openvino: str | None = None
 
     @property
     def info(self) -> OpInfo:

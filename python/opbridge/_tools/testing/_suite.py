@@ -14,6 +14,7 @@ from onnx import helper
 from ..._export.exporter import EXPORTERS
 from ..._library.kinds import ATTR_KINDS, DTYPES
 from ..._library.manifest import OpInfo
+from ..._runtime.openvino import COMPUTED_AS
 from ..._runtime.session import session
 from ..._runtime.verify import verify
 from ._cases import (
@@ -178,6 +179,18 @@ class OpTest:
         assert report.ok, "\n" + report.table()
         # verify finds the random node in the graph by the same manifest rule.
         assert [o.random for o in report.outputs] == [self._random(sample)] * len(report.outputs), report.table()
+
+    def test_export_runs_in_openvino(self, sample, exporter):
+        # The same exported model in the second runtime, through the library's OpenVINO side.
+        model, tensors, proto = self._exported(sample, exporter)
+        why = sample.no_onnxruntime or self.case.no_openvino
+        lowered = sorted({str(t.dtype).removeprefix("torch.") for t in tensors} & set(COMPUTED_AS))
+        if lowered:
+            why = f"OpenVINO's CPU plugin computes {', '.join(lowered)} in {COMPUTED_AS[lowered[0]]}"
+        if why:
+            pytest.skip(why)
+        report = verify(model, tensors, proto, rtol=self.case.rtol, atol=self.case.atol, runtime="openvino")
+        assert report.ok, "\n" + report.table()
 
     def test_export_custom_nodes_on_request(self, exporter):
         # An op with its own kernel and a rule to a standard op: custom_nodes=True keeps the

@@ -1,0 +1,415 @@
+// The OpenVINO adapter: every OpSpec of this library as an OpenVINO operation, with no per-op
+// code. One class, OpNode, carries any op: its type is the op's ONNX node name in the op's domain,
+// its output types and shapes come from the spec's rules (shape_infer.h over ov::Dimension, so a
+// dynamic size stays dynamic and a data-dependent one is dynamic), and `evaluate` runs the kernel
+// through run_kernel, the path every host shares, with OpenVINO's own thread pool. OpenVINO's CPU
+// plugin runs an operation it has no kernel of its own for through `evaluate`.
+//
+// The library's entry point (create_extensions, OPENVINO_CREATE_EXTENSIONS) gives OpenVINO's ONNX
+// frontend one conversion per op: a node of the op's domain and name becomes an OpNode, its
+// attributes read by the op's attribute kinds, a symbolic attribute's input folded when constant.
+// Built against the headers and CMake package of the `openvino` wheel; loaded with
+// ov::Core::add_extension(path).
+#include <algorithm>
+#include <deque>
+#include <exception>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <openvino/core/extension.hpp>
+#include <openvino/core/parallel.hpp>
+#include <openvino/frontend/onnx/extension/conversion.hpp>
+#include <openvino/op/constant.hpp>
+#include <openvino/op/op.hpp>
+
+#include "opbridge/kernel_call.h"
+#include "opbridge/prepare.h"
+#include "opbridge/registry.h"
+#include "opbridge/shape_infer.h"
+
+namespace opbridge {
+
+// Shape rules over OpenVINO's dimensions: a static size is a number, checked as int64; a dynamic
+// one stays dynamic through the arithmetic, and a check it takes part in is left to the kernel's
+// run (as with PyTorch's symbolic sizes), except that a dynamic size is never known to be zero.
+template <>
+struct DimTraits<ov::Dimension> {
+  using D = ov::Dimension;
+  using I = DimTraits<int64_t>;
+  static D from(int64_t v) { return v == kDataDependentDim ? D::dynamic() : D(v); }
+  static bool eq(const D& a, const D& b) {
+    if (a.is_static() && b.is_static()) return a.get_length() == b.get_length();
+    return !(zero(a) || zero(b));
+  }
+  static std::optional<bool> maybe_ge(const D& a, const D& b) {
+    return both(a, b) ? std::optional<bool>(a.get_length() >= b.get_length()) : std::nullopt;
+  }
+  static std::optional<bool> maybe_gt(const D& a, const D& b) {
+    return both(a, b) ? std::optional<bool>(a.get_length() > b.get_length()) : std::nullopt;
+  }
+  static bool known_negative(const D& a) { return a.is_static() && a.get_length() < 0; }
+  static D add(const D& a, const D& b) { return both(a, b) ? D(I::add(a.get_length(), b.get_length())) : D::dynamic(); }
+  static D sub(const D& a, const D& b) { return both(a, b) ? D(I::sub(a.get_length(), b.get_length())) : D::dynamic(); }
+  static D mul(const D& a, const D& b) { return both(a, b) ? D(I::mul(a.get_length(), b.get_length())) : D::dynamic(); }
+  static D floordiv(const D& a, const D& b) {
+    return both(a, b) ? D(I::floordiv(a.get_length(), b.get_length())) : D::dynamic();
+  }
+
+ private:
+  static bool both(const D& a, const D& b) { return a.is_static() && b.is_static(); }
+  static bool zero(const D& a) { return a.is_static() && a.get_length() == 0; }
+};
+
+namespace {
+
+ov::element::Type to_ov(DType t) {
+  switch (t) {
+    case DType::Float32: return ov::element::f32;
+    case DType::Float64: return ov::element::f64;
+    case DType::Int32: return ov::element::i32;
+    case DType::Int64: return ov::element::i64;
+    case DType::Bool: return ov::element::boolean;
+    case DType::UInt8: return ov::element::u8;
+    case DType::Float16: return ov::element::f16;
+    case DType::BFloat16: return ov::element::bf16;
+    case DType::Int8: return ov::element::i8;
+    case DType::Int16: return ov::element::i16;
+  }
+  return ov::element::dynamic;
+}
+
+std::optional<DType> from_ov(const ov::element::Type& t) {
+  for (DType d : kAllDTypes)
+    if (to_ov(d) == t) return d;
+  return std::nullopt;
+}
+
+// OpenVINO's CPU plugin carries int64 as int32 and float64 as float32 (it lowers a model's
+// precisions when it compiles it, an opbridge node's inputs included). An op whose constraint
+// allows only the wide type gets its inputs widened and its outputs narrowed back, and a value
+// that does not fit int32 is an error naming the output, never a wrapped one.
+std::optional<DType> wide_of(DType d) {
+  if (d == DType::Int32) return DType::Int64;
+  if (d == DType::Float32) return DType::Float64;
+  return std::nullopt;
+}
+
+template <typename From, typename To>
+void cast_values(const void* src, void* dst, size_t n, const char* what) {
+  const From* in = static_cast<const From*>(src);
+  To* out = static_cast<To*>(dst);
+  for (size_t k = 0; k < n; ++k) {
+    if constexpr (std::is_integral_v<To> && sizeof(To) < sizeof(From))
+      OB_CHECK(in[k] >= std::numeric_limits<To>::min() && in[k] <= std::numeric_limits<To>::max(), what, " holds ",
+               in[k], ", past the int32 that OpenVINO's CPU plugin carries int64 as");
+    out[k] = static_cast<To>(in[k]);
+  }
+}
+
+void cast(const void* src, DType from, void* dst, DType to, size_t n, const char* what) {
+  using D = DType;
+  if (from == D::Int32 && to == D::Int64) return cast_values<int32_t, int64_t>(src, dst, n, what);
+  if (from == D::Int64 && to == D::Int32) return cast_values<int64_t, int32_t>(src, dst, n, what);
+  if (from == D::Float32 && to == D::Float64) return cast_values<float, double>(src, dst, n, what);
+  if (from == D::Float64 && to == D::Float32) return cast_values<double, float>(src, dst, n, what);
+  throw Error(detail::concat(what, ": no conversion from ", dtype_name(from), " to ", dtype_name(to)));
+}
+
+// OpenVINO identifies an operation's kind by its type info, whose strings it keeps by pointer:
+// one per op, alive as long as the library. The name is "<domain>.<node type>": with the node
+// type alone, an op named like one of the CPU plugin's own operations crashed the plugin while it
+// compiled the model (it took the node for its own).
+const ov::DiscreteTypeInfo& type_info(const OpSpec& op) {
+  struct Info {
+    std::string name;
+    std::unique_ptr<ov::DiscreteTypeInfo> info;
+  };
+  static std::mutex mu;
+  static std::map<const OpSpec*, Info> infos;
+  std::lock_guard<std::mutex> lock(mu);
+  Info& i = infos[&op];
+  if (!i.info) {
+    i.name = op.export_as.onnx_domain + "." + op.export_as.onnx_name;
+    i.info = std::make_unique<ov::DiscreteTypeInfo>(i.name.c_str(), op.export_as.onnx_domain.c_str(),
+                                                    &ov::op::Op::get_type_info_static());
+  }
+  return *i.info;
+}
+
+// OpenVINO's pool as a kernel's host; outputs are the evaluate call's tensors, shaped here.
+class OvHost final : public KernelHost {
+ public:
+  explicit OvHost(ov::TensorVector& outputs) : outputs_(outputs), scratch_(outputs.size()) {}
+  void* output_memory(size_t i, DType dtype, const Shape& shape) override {
+    ov::Shape s(shape.begin(), shape.end());
+    ov::Tensor& t = outputs_.at(i);
+    if (!t) t = ov::Tensor(to_ov(dtype), s);
+    else if (t.get_shape() != s) t.set_shape(s);
+    if (t.get_element_type() == to_ov(dtype)) return t.data();
+    Scratch& k = scratch_[i];  // the plugin's narrower type: the kernel writes here, finish() casts
+    k.dtype = dtype;
+    k.bytes.resize(ov::shape_size(s) * dtype_size(dtype));
+    return k.bytes.data();
+  }
+  // Narrows what the kernel wrote into outputs of another element type.
+  void finish(const OpSpec& op) {
+    for (size_t i = 0; i < scratch_.size(); ++i) {
+      if (scratch_[i].bytes.empty()) continue;
+      ov::Tensor& t = outputs_[i];
+      const auto to = from_ov(t.get_element_type());
+      const std::string what = "output '" + op.outputs[i].name + "'";
+      OB_CHECK(to, what, " has element type ", t.get_element_type().get_type_name(), ", which opbridge does not write");
+      cast(scratch_[i].bytes.data(), scratch_[i].dtype, t.data(), *to, t.get_size(), what.c_str());
+    }
+  }
+  void parallel_for(int64_t n, int64_t grain, ParallelBody fn) override {
+    if (n <= 0) return;
+    grain = std::max<int64_t>(grain, 1);
+    const auto ceil_div = [](int64_t a, int64_t d) { return a / d + (a % d != 0); };
+    const int64_t chunks = std::min<int64_t>(ceil_div(n, grain), 1024), chunk = ceil_div(n, chunks);
+    if (chunks == 1) return fn(0, n);
+    std::mutex mu;
+    std::exception_ptr error;  // exceptions must not cross the pool: the first is rethrown here
+    ov::parallel_for(static_cast<size_t>(chunks), [&](size_t c) {
+      const int64_t begin = static_cast<int64_t>(c) * chunk, end = std::min(n, begin + chunk);
+      try {
+        if (begin < end) fn(begin, end);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+      }
+    });
+    if (error) std::rethrow_exception(error);
+  }
+
+ private:
+  struct Scratch {
+    DType dtype = DType::Float32;
+    std::vector<uint8_t> bytes;
+  };
+  ov::TensorVector& outputs_;
+  std::vector<Scratch> scratch_;
+};
+
+// One node of any op. `slots_[i]` is the node input that carries op input i (then the symbolic
+// attributes' inputs, in OpSpec::symbolic_attrs order), -1 where absent.
+class OpNode final : public ov::op::Op {
+ public:
+  OpNode(const OpSpec& op, const ov::OutputVector& args, std::vector<AttrValue> attrs, std::vector<int> slots,
+         std::string node_name)
+      : ov::op::Op(args), op_(op), attrs_(std::move(attrs)), slots_(std::move(slots)) {
+    set_friendly_name(node_name.empty() ? op.export_as.onnx_name : node_name);
+    constructor_validate_and_infer_types();
+  }
+
+  const ov::DiscreteTypeInfo& get_type_info() const override { return type_info(op_); }
+
+  void validate_and_infer_types() override {
+    const size_t n_in = op_.inputs.size();
+    std::vector<std::optional<DType>> dtypes(n_in);
+    std::vector<std::vector<ov::Dimension>> shapes(n_in);
+    std::vector<const std::vector<ov::Dimension>*> present(n_in, nullptr);
+    bool ranks_known = true;
+    for (size_t i = 0; i < n_in; ++i) {
+      if (slots_[i] < 0) continue;
+      const auto t = get_input_element_type(slots_[i]);
+      if (t.is_static()) {
+        dtypes[i] = from_ov(t);
+        if (!dtypes[i]) fail("input '" + op_.inputs[i].name + "' has element type " + t.get_type_name() +
+                             ", which opbridge kernels do not take");
+        const auto& allowed = allowed_types(op_.inputs[i].type);
+        const auto wide = wide_of(*dtypes[i]);
+        if (wide && !contains(allowed, *dtypes[i]) && contains(allowed, *wide)) dtypes[i] = *wide;
+      }
+      const ov::PartialShape& ps = get_input_partial_shape(slots_[i]);
+      if (ps.rank().is_dynamic()) ranks_known = false;
+      else shapes[i].assign(ps.begin(), ps.end());
+      present[i] = &shapes[i];
+    }
+    std::vector<DType> out_types;
+    std::vector<std::vector<ov::Dimension>> out_shapes;
+    try {
+      out_types = output_dtypes(op_, resolve_types(op_, dtypes));
+      if (ranks_known) {
+        std::vector<std::optional<ov::Dimension>> symbolic(op_.attrs.size());
+        const std::vector<size_t> sym = op_.symbolic_attrs();
+        for (size_t j = 0; j < sym.size(); ++j)
+          if (slots_[n_in + j] >= 0) symbolic[sym[j]] = ov::Dimension::dynamic();  // read when it runs
+        out_shapes = ShapeInference<ov::Dimension>(op_, present, attrs_, symbolic).run();
+      }
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+    for (size_t o = 0; o < op_.outputs.size(); ++o) {
+      ov::PartialShape ps = ranks_known ? ov::PartialShape(out_shapes[o]) : ov::PartialShape::dynamic();
+      set_output_type(o, to_ov(out_types[o]), ps);
+    }
+  }
+
+  std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override {
+    return std::make_shared<OpNode>(op_, args, attrs_, slots_, get_friendly_name());
+  }
+
+  bool visit_attributes(ov::AttributeVisitor& v) override {
+    for (size_t i = 0; i < op_.attrs.size(); ++i) {
+      const std::string& name = op_.attrs[i].name;
+      std::visit([&](auto& value) {
+        using V = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<V, std::vector<double>>) {  // OpenVINO's visitors take float lists
+          std::vector<float> f(value.begin(), value.end());
+          v.on_attribute(name, f);
+          value.assign(f.begin(), f.end());
+        } else {
+          v.on_attribute(name, value);
+        }
+      }, attrs_[i]);
+    }
+    return true;
+  }
+
+  bool has_evaluate() const override { return true; }
+
+  bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override {
+    const size_t n_in = op_.inputs.size();
+    std::vector<TensorView> views(n_in);
+    std::vector<const TensorView*> args(n_in, nullptr);
+    std::vector<AttrValue> attrs = attrs_;
+    std::vector<std::vector<uint8_t>> widened(n_in);
+    try {
+      for (size_t i = 0; i < n_in; ++i) {
+        if (slots_[i] < 0) continue;
+        const ov::Tensor& t = inputs.at(slots_[i]);
+        const auto dtype = from_ov(t.get_element_type());
+        OB_CHECK(dtype, "input '", op_.inputs[i].name, "' has element type ", t.get_element_type().get_type_name(),
+                 ", which opbridge kernels do not take");
+        TensorView& view = views[i];
+        view.dtype = *dtype;
+        view.shape.assign(t.get_shape().begin(), t.get_shape().end());
+        contiguous_strides(view.shape, view.strides);
+        view.data = const_cast<void*>(t.data());
+        const auto wide = wide_of(*dtype);
+        if (wide && !contains(allowed_types(op_.inputs[i].type), *dtype)) {  // the plugin narrowed it
+          widened[i].resize(t.get_size() * dtype_size(*wide));
+          cast(t.data(), *dtype, widened[i].data(), *wide, t.get_size(), op_.inputs[i].name.c_str());
+          view.dtype = *wide;
+          view.data = widened[i].data();
+        }
+        args[i] = &view;
+      }
+      const std::vector<size_t> sym = op_.symbolic_attrs();
+      for (size_t j = 0; j < sym.size(); ++j) {
+        if (slots_[n_in + j] < 0) continue;
+        const ov::Tensor& t = inputs.at(slots_[n_in + j]);
+        OB_CHECK(t.get_element_type() == ov::element::i64 && t.get_size() == 1, "input '", op_.attrs[sym[j]].name,
+                 "_value' gives attribute '", op_.attrs[sym[j]].name, "' and must be an int64 scalar or 1-element tensor");
+        attrs[sym[j]] = *static_cast<const int64_t*>(t.data());
+      }
+      OvHost host(outputs);
+      run_kernel(op_, args, attrs, host);
+      host.finish(op_);
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+    return true;
+  }
+
+ private:
+  const std::vector<DType>& allowed_types(const std::string& constraint) const {
+    for (const TypeConstraint& t : op_.types)
+      if (t.name == constraint) return t.allowed;
+    static const std::vector<DType> none;
+    return none;
+  }
+  static bool contains(const std::vector<DType>& v, DType d) { return std::find(v.begin(), v.end(), d) != v.end(); }
+
+  [[noreturn]] void fail(const std::string& why) const {
+    OPENVINO_THROW(op_.qualified_name(), " (node '", get_friendly_name(), "'): ", why);
+  }
+
+  const OpSpec& op_;
+  std::vector<AttrValue> attrs_;
+  std::vector<int> slots_;
+};
+
+// ---- the ONNX frontend ------------------------------------------------------------------------
+// The node's value for attribute `a` as the ONNX frontend reads it (int64, float, string, lists).
+std::optional<AttrValue> read_attr(const ov::frontend::NodeContext& node, const AttrSpec& a) {
+  ov::Any v = node.get_attribute_as_any(a.name);
+  if (v.empty()) return std::nullopt;
+  if (v.is<int64_t>()) {
+    if (a.kind == AttrKind::Bool) return AttrValue{v.as<int64_t>() != 0};
+    if (a.kind == AttrKind::Int) return AttrValue{v.as<int64_t>()};
+  }
+  if (v.is<double>() && a.kind == AttrKind::Float) return AttrValue{v.as<double>()};
+  if (v.is<float>() && a.kind == AttrKind::Float) return AttrValue{double{v.as<float>()}};
+  if (v.is<std::string>() && a.kind == AttrKind::String) return AttrValue{v.as<std::string>()};
+  if (v.is<std::vector<int64_t>>() && a.kind == AttrKind::Ints) return AttrValue{v.as<std::vector<int64_t>>()};
+  if (v.is<std::vector<double>>() && a.kind == AttrKind::Floats) return AttrValue{v.as<std::vector<double>>()};
+  if (v.is<std::vector<float>>() && a.kind == AttrKind::Floats) {
+    const auto f = v.as<std::vector<float>>();
+    return AttrValue{std::vector<double>(f.begin(), f.end())};
+  }
+  throw Error(detail::concat("attribute '", a.name, "' must be ", attr_kind_name(a.kind), ", got ",
+                             v.type_info().name()));
+}
+
+// An input the ONNX model leaves empty ("") reaches a converter as the frontend's null node.
+bool absent(const ov::Output<ov::Node>& in) {
+  return !in.get_node() || std::string(in.get_node()->get_type_name()) == "NullNode";
+}
+
+ov::OutputVector convert(const OpSpec& op, const ov::frontend::NodeContext& node) {
+  const std::string where = op.qualified_name() + " (node '" + node.get_name() + "')";
+  try {
+    const size_t n_in = op.inputs.size();
+    const std::vector<size_t> sym = op.symbolic_attrs();
+    const size_t given = node.get_input_size();
+    OB_CHECK(given <= n_in + sym.size(), "the node has ", given, " inputs; the op takes at most ", n_in + sym.size());
+    std::vector<std::optional<AttrValue>> attrs;
+    for (const AttrSpec& a : op.attrs) attrs.push_back(read_attr(node, a));
+    ov::OutputVector args;
+    std::vector<int> slots(n_in + sym.size(), -1);
+    for (size_t i = 0; i < given; ++i) {
+      ov::Output<ov::Node> in = node.get_input(static_cast<int>(i));
+      if (absent(in)) continue;
+      if (i >= n_in) {  // a symbolic attribute's input: a constant one is the attribute itself
+        if (auto c = ov::as_type_ptr<ov::op::v0::Constant>(in.get_node_shared_ptr())) {
+          const auto v = c->cast_vector<int64_t>();
+          OB_CHECK(v.size() == 1, "input '", op.attrs[sym[i - n_in]].name, "_value' must hold one value");
+          attrs[sym[i - n_in]] = AttrValue{v[0]};
+          continue;
+        }
+        if (!attrs[sym[i - n_in]]) attrs[sym[i - n_in]] = AttrValue{int64_t{0}};  // the input decides
+      }
+      slots[i] = static_cast<int>(args.size());
+      args.push_back(in);
+    }
+    auto n = std::make_shared<OpNode>(op, args, resolve_attrs(op, std::move(attrs)), std::move(slots), node.get_name());
+    return n->outputs();
+  } catch (const ov::Exception&) {
+    throw;  // OpNode's own, already naming the op and node
+  } catch (const std::exception& e) {
+    OPENVINO_THROW(where, ": ", e.what());
+  }
+}
+
+std::vector<ov::Extension::Ptr> extensions() {
+  std::vector<ov::Extension::Ptr> out;
+  for (const OpSpec& op : registry().ops()) {
+    if (!op.cpu_kernel) continue;  // exported as standard ops or functions: nothing to run here
+    const OpSpec* spec = &op;
+    out.push_back(std::make_shared<ov::frontend::onnx::ConversionExtension>(
+        op.export_as.onnx_name, op.export_as.onnx_domain,
+        [spec](const ov::frontend::NodeContext& node) { return convert(*spec, node); }));
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace opbridge
+
+OPENVINO_CREATE_EXTENSIONS(opbridge::extensions());
