@@ -37,9 +37,11 @@ struct Rules {
 // above it, at most `cap` (cap 0: no CUDA rule).
 int64_t cuda_threads(int64_t largest, int64_t cap);
 
+struct Variant;  // fps_variants.h
+
 // Runs every segment of `points` ([rows, dims], any floating dtype, finite) and writes the picks
-// into `out` (int32 or int64).
+// into `out` (int32 or int64), each pick in `variant` (null: the widest this CPU runs).
 void sample(KernelContext& ctx, const TensorView& points, const std::vector<Segment>& segments, const Rules& rules,
-            TensorView& out);
+            TensorView& out, const Variant* variant = nullptr);
 
 }  // namespace opbridge::fps

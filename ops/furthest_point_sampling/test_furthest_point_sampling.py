@@ -220,3 +220,47 @@ def test_agrees_with_torch_cluster(ratio):
     want = torch_cluster.fps(src, batch, ratio=ratio, random_start=False)
     got = fps_ratio(src, ptr_of([100, 300, 500]), ratio=ratio, random_start=False)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+
+def cloud(kind, shape, seed, dtype="float32"):
+    """Uniform points, or points on a grid of step 0.25 (many equal distances at every pick)."""
+    if kind == "grid":
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randint(-12, 13, shape, generator=g) * 0.25).to(getattr(torch, dtype))
+    return r(list(shape), dtype, seed=seed)
+
+
+# Thousands of points and picks: the kernel groups points into blocks and skips the blocks a pick
+# cannot change; the picks stay the plain loop's, ties and skipped points included.
+@pytest.mark.parametrize("kind", ["uniform", "grid"])
+@pytest.mark.parametrize(("dtype", "tie_threads", "skip"), [("float32", 1024, False), ("float32", 512, True),
+                                                            ("float64", 0, False), ("float16", 512, True)])
+def test_large_batched_clouds_give_the_plain_loops_picks(kind, dtype, tie_threads, skip):
+    xyz = cloud(kind, (2, 5000, 3), 21, dtype)
+    got = fps(xyz, 1200, tie_threads=tie_threads, skip_near_origin=skip)
+    np.testing.assert_array_equal(got.numpy(), reference(xyz.numpy(), 1200, tie_threads, skip))
+
+
+@pytest.mark.parametrize("kind", ["uniform", "grid"])
+def test_large_offset_segments_give_the_plain_loops_picks(kind):
+    xyz = cloud(kind, (7000, 3), 22)
+    offset, new_offset = torch.tensor([4500, 7000]), torch.tensor([1500, 2300])
+    got = fps_offset(xyz, offset, new_offset)
+    np.testing.assert_array_equal(got.numpy(), offset_reference(xyz.numpy(), offset.numpy(), new_offset.numpy()))
+
+
+@pytest.mark.parametrize(("kind", "dims"), [("uniform", 5), ("uniform", 1), ("grid", 3)])
+def test_large_ratio_segments_give_the_plain_loops_picks(kind, dims):
+    src, ptr = cloud(kind, (6000, dims), 23), ptr_of([3500, 2500])
+    got = fps_ratio(src, ptr, ratio=0.3)
+    np.testing.assert_array_equal(got.numpy(), ratio_reference(src.numpy(), ptr.numpy(), 0.3))
+
+
+def test_points_without_coordinates_are_all_at_distance_zero():
+    # Every distance is 0: after the start, the lowest index over and over (a division by the
+    # coordinate count once crashed the process here).
+    src, ptr = torch.zeros(7, 0), ptr_of([4, 3])
+    got = fps_ratio(src, ptr, ratio=0.8)
+    np.testing.assert_array_equal(got.numpy(), ratio_reference(src.numpy(), ptr.numpy(), 0.8))
+    assert got.tolist() == [0, 0, 0, 0, 4, 4, 4]
