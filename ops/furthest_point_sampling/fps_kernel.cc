@@ -101,7 +101,9 @@ std::vector<int64_t> z_blocks(const std::vector<std::vector<C>>& col, std::vecto
     for (Item& it : items) {
       const double q = (static_cast<double>(x[it.k]) - static_cast<double>(lo)) * scale;
       const uint64_t v = static_cast<uint64_t>(std::min(std::max(q, 0.0), top));
-      it.code |= (spread[v & 255] | (spread[(v >> 8) & 255] << (8 * dims))) << c;
+      uint64_t bits_of_v = spread[v & 255];
+      if (bits > 8) bits_of_v |= spread[(v >> 8) & 255] << (8 * dims);  // then dims <= 5: the shift fits
+      it.code |= bits_of_v << c;
     }
   }
   // LSD radix sort on bytes: stable, so equal codes keep the points' order.
