@@ -1,7 +1,8 @@
 // multi_scale_deformable_attention's kernels against naive loops in double: every variant of the
 // float32 loops this CPU runs (baseline, AVX2, AVX-512), every channel count with a loop of its own
-// (16, 32, 64) and another, samples inside, across and outside the levels' borders; the op through
-// the kernel harness on one thread and many.
+// (16, 32, 64) and another, samples inside, across and outside the levels' borders, sample counts
+// around the fixed-channel loops' table, query ranges; the op through the kernel harness on one
+// thread and many.
 #include <cmath>
 #include <random>
 
@@ -107,7 +108,9 @@ void check_variants(const Problem& pr) {
   for (const msda_impl::Variant& v : variants()) {
     const std::string what = std::string(v.isa) + " d=" + std::to_string(pr.d);
     std::vector<float> out(want.out.size(), NAN);
-    v.forward(g, pr.value.data(), pr.loc.data(), pr.weight.data(), 0, 0, pr.q, out.data());  // batch item 0
+    // Batch item 0 in two ranges of queries, item 1 whole.
+    v.forward(g, pr.value.data(), pr.loc.data(), pr.weight.data(), 0, 0, pr.q / 2, out.data());
+    v.forward(g, pr.value.data(), pr.loc.data(), pr.weight.data(), 0, pr.q / 2, pr.q, out.data());
     if (pr.b > 1) v.forward(g, pr.value.data(), pr.loc.data(), pr.weight.data(), 1, 0, pr.q, out.data());
     expect_near(out, want.out, 1e-5, what + " forward");
     std::vector<float> gv(want.grad_value.size(), 0.f), gl(want.grad_loc.size(), NAN), gw(want.grad_weight.size(), NAN);
@@ -124,6 +127,16 @@ void check_variants(const Problem& pr) {
 TEST(MultiScaleDeformableAttentionKernel, EveryVariantAndChannelLoopAgainstNaive) {
   for (int64_t d : {16, 32, 64, 5})
     check_variants(Problem(2, 2, d, 9, 4, {{7, 9}, {4, 5}, {2, 2}, {1, 1}}, static_cast<uint32_t>(d)));
+}
+
+// The fixed-channel loops compute up to 64 samples per (b, q, h) in a table, a vector of samples
+// at a time: 4 levels x 16 points fill it, 5 x 13 = 65 take the sample-by-sample loop, 3 x 3 and
+// 2 x 7 fill part of a vector; an odd head count.
+TEST(MultiScaleDeformableAttentionKernel, SampleCountsAroundTheTable) {
+  check_variants(Problem(2, 3, 32, 7, 16, {{7, 9}, {4, 5}, {2, 2}, {1, 1}}, 11));
+  check_variants(Problem(2, 3, 32, 7, 13, {{7, 9}, {4, 5}, {3, 3}, {2, 2}, {1, 1}}, 12));
+  check_variants(Problem(2, 3, 16, 7, 3, {{7, 9}, {4, 5}, {2, 2}}, 13));
+  check_variants(Problem(1, 3, 64, 7, 7, {{5, 6}, {1, 3}}, 14));
 }
 
 TEST(MultiScaleDeformableAttentionKernel, OpThroughHarnessOnOneThreadAndMany) {

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "msda_variants.h"
 
@@ -135,49 +136,314 @@ struct Row {
   }
   void store(T* p) const { __builtin_memcpy(p, v, sizeof(v)); }
   void load_from(const T* p) { __builtin_memcpy(v, p, sizeof(v)); }
-  // The sum over channels of this row times `other`.
-  T dot(const Row& other) const {
+  // This row times `other`, its vectors summed: the sum over channels is 0 + t[0] + t[1] + ... in
+  // lane order (row_sums).
+  Vec lane_products(const Row& other) const {
     Vec t = v[0] * other.v[0];
     for (int j = 1; j < kVecs; ++j) t += v[j] * other.v[j];
-    T sum = T(0);
-    for (int i = 0; i < kLanes; ++i) sum += t[i];
-    return sum;
+    return t;
   }
 };
+
+// The integer vector of T's width and lane count, for __builtin_shuffle's masks.
+template <typename T> struct LaneIndex;
+template <> struct LaneIndex<float> { typedef int32_t Vec __attribute__((vector_size(kVectorBytes))); };
+template <> struct LaneIndex<double> { typedef int64_t Vec __attribute__((vector_size(kVectorBytes))); };
+
+// s[i] = 0 + m[i][0] + m[i][1] + ... + m[i][N - 1], in that order, for the N rows of m: a
+// sample's sum over lanes, the same sums as one lane after another, done for N samples at once on
+// the transposed rows (a row's horizontal sum is a chain of N dependent additions).
+template <typename T, typename Vec, int N>
+inline Vec row_sums(Vec (&m)[N]) {
+  typedef typename LaneIndex<T>::Vec Mask;
+  // Transposed by swapping the off-diagonal blocks of side `half`, halving it down to 1.
+#pragma GCC unroll 8
+  for (int half = N / 2; half >= 1; half /= 2) {
+    Mask lo, hi;  // lanes of (m[i], m[i + half]): 0 .. N-1 the first, N .. 2N-1 the second
+    for (int lane = 0; lane < N; ++lane) {
+      lo[lane] = (lane & half) ? N + lane - half : lane;
+      hi[lane] = (lane & half) ? N + lane : lane + half;
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < N; ++i)
+      if (!(i & half)) {
+        const Vec a = m[i], b = m[i + half];
+        m[i] = __builtin_shuffle(a, b, lo), m[i + half] = __builtin_shuffle(a, b, hi);
+      }
+  }
+  Vec s = Vec{};
+#pragma GCC unroll 16
+  for (int i = 0; i < N; ++i) s += m[i];
+  return s;
+}
+
+template <int kD>
+struct Channels {
+  static constexpr int value = kD;
+};
+
+// Every level's sizes by sample (k = l * points + p), for SampleTable: kMax samples at most.
+template <typename T>
+struct LevelBySample {
+  typedef typename LaneIndex<T>::Vec IVec;
+  typedef typename std::remove_reference<decltype(IVec{}[0])>::type I;
+  static constexpr int kMax = 64;
+  alignas(64) T w[kMax], h[kMax];
+  alignas(64) I wi[kMax], hi[kMax], start[kMax];
+
+  // False where the table does not apply: more samples than kMax, or positions past I's range.
+  bool set(const Geometry& g) {
+    if (g.levels * g.points > kMax || g.spatial > (sizeof(I) == 4 ? int64_t{INT32_MAX} : INT64_MAX)) return false;
+    for (int k = 0; k < kMax; ++k) {
+      const int64_t l = k < g.levels * g.points ? k / g.points : 0;
+      w[k] = static_cast<T>(g.level_w[l]), h[k] = static_cast<T>(g.level_h[l]);
+      wi[k] = static_cast<I>(g.level_w[l]), hi[k] = static_cast<I>(g.level_h[l]), start[k] = static_cast<I>(g.level_start[l]);
+    }
+    return true;
+  }
+};
+
+// One (b, q, h)'s samples as sample_at (kGrid: sample_at_pixel at grid_pixel's coordinates, the
+// backward's) computes them, the same operations a vector of samples at a time: each one's state (0:
+// nothing sampled, 1: some corners inside, 2: all four), top-left corner, position along S and its
+// four corners' factors (attention weight times bilinear weight); kGrid: the bilinear weights and
+// fractions too.
+template <typename T, bool kGrid = false>
+struct SampleTable {
+  typedef T Vec __attribute__((vector_size(kVectorBytes)));
+  typedef typename LevelBySample<T>::IVec IVec;
+  typedef typename LevelBySample<T>::I I;
+  static constexpr int N = kVectorBytes / sizeof(T), kMax = LevelBySample<T>::kMax;
+  alignas(64) T factor[4][kMax];
+  alignas(64) I x0[kMax], y0[kMax], position[kMax], state[kMax];
+  alignas(64) T bilinear[4][kMax], lx[kMax], ly[kMax], hx[kMax], hy[kMax];  // kGrid only
+
+  template <typename V>
+  static V load(const void* p) {
+    V x;
+    __builtin_memcpy(&x, p, sizeof(x));
+    return x;
+  }
+
+  // Asks the caches for the rows of `rows` (value's or grad_value's at a head's first channel) that
+  // the samples with four corners inside will read, `bytes` of each: the rows of a level lie
+  // anywhere in it, too scattered for the hardware's prefetchers.
+  void prefetch(const LevelBySample<T>& lv, const T* rows, int64_t row_stride, int64_t lp, int bytes, bool write) const {
+    for (int64_t k = 0; k < lp; ++k) {
+      if (state[k] != 2) continue;
+      const char* r = reinterpret_cast<const char*>(rows + static_cast<int64_t>(position[k]) * row_stride);
+      const int64_t step = static_cast<int64_t>(row_stride * sizeof(T)), down = lv.wi[k] * step;
+      for (int i = 0; i < bytes; i += 64) {
+        if (write) {
+          __builtin_prefetch(r + i, 1), __builtin_prefetch(r + step + i, 1);
+          __builtin_prefetch(r + down + i, 1), __builtin_prefetch(r + down + step + i, 1);
+        } else {
+          __builtin_prefetch(r + i), __builtin_prefetch(r + step + i);
+          __builtin_prefetch(r + down + i), __builtin_prefetch(r + down + step + i);
+        }
+      }
+    }
+  }
+
+  // grid_pixel of a vector of coordinates. float: the double product of two floats is exact, so
+  // the vector of doubles gives the fused result; double: grid_pixel's fma, lane by lane.
+  static Vec grid_pixels(Vec norm, Vec size) {
+    if constexpr (sizeof(T) == 4) {
+      typedef double Wide __attribute__((vector_size(kVectorBytes * 2)));
+      const Vec g1 = (T(2) * norm - T(1)) + T(1), half = size / T(2);
+      return __builtin_convertvector(__builtin_convertvector(g1, Wide) * __builtin_convertvector(half, Wide) - 0.5, Vec);
+    } else {
+      Vec x;
+      for (int i = 0; i < N; ++i) x[i] = std::fma((T(2) * norm[i] - T(1)) + T(1), size[i] / T(2), T(-0.5));
+      return x;
+    }
+  }
+
+  void set(const LevelBySample<T>& lv, const T* loc, const T* wt, int64_t lp) {
+    IVec even, odd;
+    for (int i = 0; i < N; ++i) even[i] = 2 * i, odd[i] = 2 * i + 1;
+    for (int64_t j = 0; j < lp; j += N) {
+      Vec a, b, w;
+      if (j + N <= lp) {
+        a = load<Vec>(loc + 2 * j), b = load<Vec>(loc + 2 * j + N), w = load<Vec>(wt + j);
+      } else {  // the last samples: the lanes past them are computed and never read
+        alignas(64) T xy[2 * N] = {}, ww[N] = {};
+        for (int64_t i = 0; i < lp - j; ++i) xy[2 * i] = loc[2 * (j + i)], xy[2 * i + 1] = loc[2 * (j + i) + 1], ww[i] = wt[j + i];
+        a = load<Vec>(xy), b = load<Vec>(xy + N), w = load<Vec>(ww);
+      }
+      const Vec lw = load<Vec>(lv.w + j), lh = load<Vec>(lv.h + j);
+      Vec x, y;
+      if constexpr (kGrid) {
+        x = grid_pixels(__builtin_shuffle(a, b, even), lw), y = grid_pixels(__builtin_shuffle(a, b, odd), lh);
+      } else {
+        x = __builtin_shuffle(a, b, even) * lw - T(0.5), y = __builtin_shuffle(a, b, odd) * lh - T(0.5);
+      }
+      const IVec inside = (x > T(-1)) & (y > T(-1)) & (x < lw) & (y < lh);
+      x = inside ? x : Vec{}, y = inside ? y : Vec{};  // NaN and far coordinates: not converted
+      IVec xi = __builtin_convertvector(x, IVec), yi = __builtin_convertvector(y, IVec);
+      xi += __builtin_convertvector(xi, Vec) > x, yi += __builtin_convertvector(yi, Vec) > y;  // floor: -1 where true
+      const Vec lx = x - __builtin_convertvector(xi, Vec), ly = y - __builtin_convertvector(yi, Vec);
+      const Vec hx = T(1) - lx, hy = T(1) - ly;
+      const IVec wi = load<IVec>(lv.wi + j), hi = load<IVec>(lv.hi + j);
+      const IVec interior = (xi >= 0) & (xi < wi - 1) & (yi >= 0) & (yi < hi - 1);
+      const Vec b0 = hy * hx, b1 = hy * lx, b2 = ly * hx, b3 = ly * lx;
+      const Vec f0 = w * b0, f1 = w * b1, f2 = w * b2, f3 = w * b3;
+      if constexpr (kGrid) {
+        __builtin_memcpy(bilinear[0] + j, &b0, sizeof(Vec)), __builtin_memcpy(bilinear[1] + j, &b1, sizeof(Vec));
+        __builtin_memcpy(bilinear[2] + j, &b2, sizeof(Vec)), __builtin_memcpy(bilinear[3] + j, &b3, sizeof(Vec));
+        __builtin_memcpy(this->lx + j, &lx, sizeof(Vec)), __builtin_memcpy(this->ly + j, &ly, sizeof(Vec));
+        __builtin_memcpy(this->hx + j, &hx, sizeof(Vec)), __builtin_memcpy(this->hy + j, &hy, sizeof(Vec));
+      }
+      const IVec pos = load<IVec>(lv.start + j) + yi * wi + xi, st = inside & (interior ? IVec{} + 2 : IVec{} + 1);
+      __builtin_memcpy(factor[0] + j, &f0, sizeof(Vec)), __builtin_memcpy(factor[1] + j, &f1, sizeof(Vec));
+      __builtin_memcpy(factor[2] + j, &f2, sizeof(Vec)), __builtin_memcpy(factor[3] + j, &f3, sizeof(Vec));
+      __builtin_memcpy(x0 + j, &xi, sizeof(IVec)), __builtin_memcpy(y0 + j, &yi, sizeof(IVec));
+      __builtin_memcpy(position + j, &pos, sizeof(IVec)), __builtin_memcpy(state + j, &st, sizeof(IVec));
+    }
+  }
+};
+
+// Fixed channel counts with a SampleTable per (b, q, h): the samples' coordinates and weights
+// computed a vector at a time, then their corners added in the fixed order (levels, points,
+// corners) into an accumulator held in registers.
+template <int kD, typename T>
+void forward_rows_fixed(const Geometry& g, const LevelBySample<T>& lv, const T* value, const T* locations,
+                        const T* weights, int64_t b, int64_t q_begin, int64_t q_end, T* output) {
+  using R = Row<T, kD>;
+  const int64_t row_stride = g.heads * kD, lp = g.levels * g.points;
+  const T* value_b = value + b * g.spatial * row_stride;
+  SampleTable<T> tables[2];
+  int turn = 0;
+  for (int64_t q = q_begin; q < q_end; ++q) {
+    for (int64_t h = 0; h < g.heads; ++h) {
+      const int64_t slot = (b * g.queries + q) * g.heads + h;  // (b, q, h)
+      // The next (b, q, h)'s table made now and its rows asked for: they arrive while this one sums.
+      SampleTable<T>& t = tables[turn];
+      SampleTable<T>& next = tables[turn ^= 1];
+      if (q == q_begin && h == 0) t.set(lv, locations + slot * lp * 2, weights + slot * lp, lp);
+      if (q + 1 < q_end || h + 1 < g.heads) {
+        next.set(lv, locations + (slot + 1) * lp * 2, weights + (slot + 1) * lp, lp);
+        next.prefetch(lv, value_b + (h + 1 < g.heads ? h + 1 : 0) * kD, row_stride, lp, kD * sizeof(T), false);
+      }
+      const T* value_bh = value_b + h * kD;
+      R acc;
+      acc.zero();
+      for (int64_t k = 0; k < lp; ++k) {
+        if (t.state[k] == 0) continue;
+        const T* v = value_bh + static_cast<int64_t>(t.position[k]) * row_stride;
+        const int64_t down = static_cast<int64_t>(lv.wi[k]) * row_stride;
+        if (t.state[k] == 2) {
+          acc.add(t.factor[0][k], v), acc.add(t.factor[1][k], v + row_stride);
+          acc.add(t.factor[2][k], v + down), acc.add(t.factor[3][k], v + down + row_stride);
+          continue;
+        }
+        for (int c = 0; c < 4; ++c) {
+          const int64_t yy = t.y0[k] + (c >> 1), xx = t.x0[k] + (c & 1);
+          if (yy >= 0 && yy < lv.hi[k] && xx >= 0 && xx < lv.wi[k])
+            acc.add(t.factor[c][k], v + (c >> 1) * down + (c & 1) * row_stride);
+        }
+      }
+      acc.store(output + slot * kD);
+    }
+  }
+}
 
 template <int kD, typename T>
 void forward_rows_d(const Geometry& g, const T* value, const T* locations, const T* weights, int64_t b,
                     int64_t q_begin, int64_t q_end, T* output) {
-  const int64_t d = kD > 0 ? kD : g.channels, row_stride = g.heads * d, lp = g.levels * g.points;
-  const T* value_b = value + b * g.spatial * row_stride;
-  // Query by query, every head: a query's heads sample around the same point, in the same rows of
-  // value (measured faster than head by head over the range, for all the neighbouring queries).
-  for (int64_t q = q_begin; q < q_end; ++q) {
-    for (int64_t h = 0; h < g.heads; ++h) {
-      const int64_t slot = (b * g.queries + q) * g.heads + h;  // (b, q, h)
-      T* out = output + slot * d;
-      const T* loc = locations + slot * lp * 2;
-      const T* wt = weights + slot * lp;
-      const T* value_bh = value_b + h * d;
-      auto each_sample = [&](auto&& add) {  // add(weight, value row) for every corner sampled
+  LevelBySample<T> lv;
+  if constexpr (kD > 0) {
+    if (lv.set(g)) return forward_rows_fixed<kD>(g, lv, value, locations, weights, b, q_begin, q_end, output);
+  }
+  {
+    const int64_t d = g.channels, row_stride = g.heads * d, lp = g.levels * g.points;
+    const T* value_b = value + b * g.spatial * row_stride;
+    for (int64_t q = q_begin; q < q_end; ++q) {
+      for (int64_t h = 0; h < g.heads; ++h) {
+        const int64_t slot = (b * g.queries + q) * g.heads + h;  // (b, q, h)
+        T* out = output + slot * d;
+        const T* loc = locations + slot * lp * 2;
+        const T* wt = weights + slot * lp;
+        const T* value_bh = value_b + h * d;
+        for (int64_t i = 0; i < d; ++i) out[i] = T(0);
         for (int64_t l = 0; l < g.levels; ++l)
           for (int64_t p = 0; p < g.points; ++p) {
             const int64_t k = l * g.points + p, lh = g.level_h[l], lw = g.level_w[l];
             Sample<T> s;
             if (!sample_at(loc[2 * k], loc[2 * k + 1], lh, lw, g.level_start[l], s)) continue;
-            each_corner(s, lh, lw, [&](int, T c, int64_t pos) { add(wt[k] * c, value_bh + pos * row_stride); });
+            each_corner(s, lh, lw, [&](int, T c, int64_t pos) { axpy(out, wt[k] * c, value_bh + pos * row_stride, d); });
           }
-      };
-      if constexpr (kD > 0) {
-        Row<T, kD> acc;
-        acc.zero();
-        each_sample([&](T c, const T* v) { acc.add(c, v); });
-        acc.store(out);
-      } else {
-        for (int64_t i = 0; i < d; ++i) out[i] = T(0);
-        each_sample([&](T c, const T* v) { axpy(out, c, v, d); });
       }
     }
+  }
+}
+
+// The backward of one (b, q, h) over its samples [k_begin, k_end) at fixed channel counts, at most
+// a vector's lanes of them, from its SampleTable: grad_value's rows added to, in sample and corner
+// order, and each sample's three sums over channels (grad_output . the sample, its derivatives in
+// pixel x and y) taken for all the samples at once (row_sums).
+template <int kD, typename T>
+inline void backward_samples(const Geometry& g, const LevelBySample<T>& lv, const SampleTable<T, true>& t,
+                             const T* go, const T* wt, const T* value_bh, T* grad_value_bh, int64_t k_begin,
+                             int64_t k_end, T* gl, T* gw) {
+  using R = Row<T, kD>;
+  using Vec = typename R::Vec;
+  constexpr int N = R::kLanes;
+  const int64_t row_stride = g.heads * kD;
+  R go_row;
+  go_row.load_from(go);
+  Vec tw[N], tx[N], ty[N];
+  T scale[4 * N];  // the corners sampled, in order: grad_value's rows and their factors
+  int64_t at[4 * N];
+  int corners = 0;
+  for (int i = 0; i < N; ++i) tw[i] = tx[i] = ty[i] = Vec{};
+  for (int64_t k = k_begin; k < k_end; ++k) {
+    if (t.state[k] == 0) continue;
+    const int i = static_cast<int>(k - k_begin);
+    // The bilinear weights' derivatives in x are -hy, hy, -ly, ly for the four corners, in y -hx,
+    // -lx, hx, lx.
+    const T dx_of[4] = {-t.hy[k], t.hy[k], -t.ly[k], t.ly[k]}, dy_of[4] = {-t.hx[k], -t.lx[k], t.hx[k], t.lx[k]};
+    const int64_t row = static_cast<int64_t>(t.position[k]) * row_stride, down = static_cast<int64_t>(lv.wi[k]) * row_stride;
+    R sum_w, sum_x, sum_y;
+    sum_w.zero(), sum_x.zero(), sum_y.zero();
+    auto corner = [&](int c) {
+      const int64_t pos = row + (c >> 1) * down + (c & 1) * row_stride;
+      const T* v = value_bh + pos;
+      const T cw = t.bilinear[c][k];
+      for (int j = 0; j < R::kVecs; ++j) {
+        const auto x = R::load(v + j * N);
+        sum_w.v[j] += cw * x, sum_x.v[j] += dx_of[c] * x, sum_y.v[j] += dy_of[c] * x;
+      }
+      scale[corners] = t.factor[c][k], at[corners++] = pos;
+    };
+    if (t.state[k] == 2) {
+      corner(0), corner(1), corner(2), corner(3);
+    } else {
+      for (int c = 0; c < 4; ++c) {
+        const int64_t yy = t.y0[k] + (c >> 1), xx = t.x0[k] + (c & 1);
+        if (yy >= 0 && yy < lv.hi[k] && xx >= 0 && xx < lv.wi[k]) corner(c);
+      }
+    }
+    tw[i] = sum_w.lane_products(go_row), tx[i] = sum_x.lane_products(go_row), ty[i] = sum_y.lane_products(go_row);
+  }
+  // grad_value's rows added to after every read of value: a store to grad_value followed by a load
+  // of value at the same offset modulo 4 KiB (rows of 1 KiB at D = 32, 8 heads) would wait on it.
+  for (int c = 0; c < corners; ++c) {
+    T* dst = grad_value_bh + at[c];
+    for (int j = 0; j < R::kVecs; ++j) {
+      Vec x = R::load(dst + j * N);
+      x += scale[c] * go_row.v[j];
+      __builtin_memcpy(dst + j * N, &x, sizeof(x));
+    }
+  }
+  const Vec dot_w = row_sums<T>(tw), dot_x = row_sums<T>(tx), dot_y = row_sums<T>(ty);
+  for (int64_t k = k_begin; k < k_end; ++k) {
+    const int i = static_cast<int>(k - k_begin);
+    gl[2 * k] = gl[2 * k + 1] = gw[k] = T(0);
+    if (t.state[k] == 0) continue;
+    gw[k] = dot_w[i];
+    gl[2 * k] = wt[k] * lv.w[k] * dot_x[i];  // x = x_norm * w - 0.5
+    gl[2 * k + 1] = wt[k] * lv.h[k] * dot_y[i];
   }
 }
 
@@ -186,6 +452,10 @@ void backward_heads_d(const Geometry& g, const T* grad_output, const T* value, c
                       const T* weights, int64_t b, int64_t h_begin, int64_t h_end, T* grad_value, T* grad_locations,
                       T* grad_weights) {
   const int64_t d = kD > 0 ? kD : g.channels, row_stride = g.heads * d, lp = g.levels * g.points;
+  LevelBySample<T> lv;
+  const bool tabled = kD > 0 && lv.set(g);
+  SampleTable<T, true> tables[2];
+  int turn = 0;
   // Query by query, as the forward; each head's slice of grad_value gathers its sums in query order
   // whichever heads share the task.
   for (int64_t q = 0; q < g.queries; ++q) {
@@ -198,9 +468,28 @@ void backward_heads_d(const Geometry& g, const T* grad_output, const T* value, c
       const T* wt = weights + slot * lp;
       T* gl = grad_locations + slot * lp * 2;
       T* gw = grad_weights + slot * lp;
-      using GoRow = Row<T, (kD > 0 ? kD : static_cast<int>(kVectorBytes / sizeof(T)))>;  // kD = 0: unused
-      [[maybe_unused]] GoRow go_row;
-      if constexpr (kD > 0) go_row.load_from(go);
+      if constexpr (kD > 0) {
+        if (tabled) {
+          // The table of the next (q, h) in this loop order made now, and its rows asked for, so
+          // that they arrive while this one computes.
+          SampleTable<T, true>& now = tables[turn];
+          SampleTable<T, true>& next = tables[turn ^= 1];
+          if (q == 0 && h == h_begin) now.set(lv, loc, wt, lp);
+          const int64_t next_q = h + 1 < h_end ? q : q + 1, next_h = h + 1 < h_end ? h + 1 : h_begin;
+          if (next_q < g.queries) {
+            const int64_t next_slot = (b * g.queries + next_q) * g.heads + next_h;
+            next.set(lv, locations + next_slot * lp * 2, weights + next_slot * lp, lp);
+            const int64_t at = b * g.spatial * row_stride + next_h * d;
+            next.prefetch(lv, value + at, row_stride, lp, kD * sizeof(T), false);
+            next.prefetch(lv, grad_value + at, row_stride, lp, kD * sizeof(T), true);
+          }
+          constexpr int64_t kLanes = Row<T, kD>::kLanes;
+          for (int64_t k = 0; k < lp; k += kLanes)
+            backward_samples<kD>(g, lv, now, go, wt, value_bh, grad_value_bh, k,
+                                 k + (lp - k < kLanes ? lp - k : kLanes), gl, gw);
+          continue;
+        }
+      }
       for (int64_t l = 0; l < g.levels; ++l)
         for (int64_t p = 0; p < g.points; ++p) {
           const int64_t k = l * g.points + p, lh = g.level_h[l], lw = g.level_w[l];
@@ -208,34 +497,14 @@ void backward_heads_d(const Geometry& g, const T* grad_output, const T* value, c
           Sample<T> s;
           if (!sample_at_pixel(grid_pixel(loc[2 * k], lw), grid_pixel(loc[2 * k + 1], lh), lh, lw, g.level_start[l], s))
             continue;
-          // grad_output . (the sample, its derivatives in pixel x and y). The bilinear weights'
-          // derivatives in x are -hy, hy, -ly, ly for the four corners, in y -hx, -lx, hx, lx.
+          // grad_output . (the sample, its derivatives in pixel x and y), as backward_samples.
           const T dx_of[4] = {-s.hy, s.hy, -s.ly, s.ly}, dy_of[4] = {-s.hx, -s.lx, s.hx, s.lx};
           T dot_w = T(0), dot_x = T(0), dot_y = T(0);
-          if constexpr (kD > 0) {
-            // The three combinations of the corners summed as vectors: three horizontal sums per sample.
-            Row<T, kD> sum_w, sum_x, sum_y;
-            sum_w.zero(), sum_x.zero(), sum_y.zero();
-            each_corner(s, lh, lw, [&](int c, T cw, int64_t pos) {
-              const T* v = value_bh + pos * row_stride;
-              for (int j = 0; j < Row<T, kD>::kVecs; ++j) {
-                const auto x = Row<T, kD>::load(v + j * Row<T, kD>::kLanes);
-                sum_w.v[j] += cw * x, sum_x.v[j] += dx_of[c] * x, sum_y.v[j] += dy_of[c] * x;
-              }
-              Row<T, kD> gv;
-              T* dst = grad_value_bh + pos * row_stride;
-              gv.load_from(dst);
-              gv.add(wt[k] * cw, go);
-              gv.store(dst);
-            });
-            dot_w = sum_w.dot(go_row), dot_x = sum_x.dot(go_row), dot_y = sum_y.dot(go_row);
-          } else {
-            each_corner(s, lh, lw, [&](int c, T cw, int64_t pos) {
-              const T gv = dot(go, value_bh + pos * row_stride, d);
-              dot_w += cw * gv, dot_x += dx_of[c] * gv, dot_y += dy_of[c] * gv;
-              axpy(grad_value_bh + pos * row_stride, wt[k] * cw, go, d);
-            });
-          }
+          each_corner(s, lh, lw, [&](int c, T cw, int64_t pos) {
+            const T gv = dot(go, value_bh + pos * row_stride, d);
+            dot_w += cw * gv, dot_x += dx_of[c] * gv, dot_y += dy_of[c] * gv;
+            axpy(grad_value_bh + pos * row_stride, wt[k] * cw, go, d);
+          });
           gw[k] = dot_w;
           gl[2 * k] = wt[k] * static_cast<T>(lw) * dot_x;  // x = x_norm * w - 0.5
           gl[2 * k + 1] = wt[k] * static_cast<T>(lh) * dot_y;
@@ -243,11 +512,6 @@ void backward_heads_d(const Geometry& g, const T* grad_output, const T* value, c
     }
   }
 }
-
-template <int kD>
-struct Channels {
-  static constexpr int value = kD;
-};
 
 // The channel counts of the models in use get loops of fixed length (Deformable DETR, DINO and
 // Mask2Former: 256 channels over 8 heads, 32 each).
