@@ -7,7 +7,7 @@
 The model is built with random weights and nothing downloaded (pretrained initialisations are
 dropped), its batch norms' statistics set from the image, in eval mode, its code untouched. One 1x3x320x320 image: `mode="predict"` eagerly,
 then `mode="tensor"` exported through opbridge.export with each exporter asked for (default both)
-and run in ONNX Runtime against eager. --end-to-end exports `predict` instead: the boxes, scores
+and run in ONNX Runtime and in OpenVINO against eager. --end-to-end exports `predict` instead: the boxes, scores
 and labels after the head's NMS, with the score threshold at 0 (random weights score every box
 near the classifier's prior, 0.01, below a config's usual 0.05). --timing adds eager and ONNX
 Runtime times in interleaved rounds. The report says, per stage, what happened: "ok", or the
@@ -234,23 +234,34 @@ def export_and_compare(model, inputs, exporter: str, workdir: Path, timing: bool
     graph = onnx.load(str(path), load_external_data=False).graph
     nodes = sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in graph.node if n.domain not in ("", "ai.onnx")})
     session = opbridge.session(str(path))
-    worst, integer_mismatches, reordered, differing = 0.0, 0, 0, 0
     # The image, and its mirror image: what a trace took from the first one's values (a count of
     # boxes, say) shows at the second (with other proposals, where the model takes them).
-    for case in (args, (inputs.flip(-1).contiguous(), proposals(250, 4))[:len(args)]):
+    cases = (args, (inputs.flip(-1).contiguous(), proposals(250, 4))[:len(args)])
+    agreement = _against_eager(model, session, cases, names)
+    dims = [[d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output]
+    report = {"nodes": nodes, "outputs": len(graph.output), **agreement, "output_dims": dims,
+              "grid_samples": sum(n.op_type == "GridSample" for n in graph.node)}
+    try:  # the same model in the second runtime
+        report["openvino"] = _against_eager(model, opbridge.session(str(path), runtime="openvino"), cases, names)
+    except Exception as e:  # noqa: BLE001 - reported
+        report["openvino"] = _error(e)
+    if timing:
+        report.update(_interleaved_ms(model, args, session, names))
+    return report
+
+
+def _against_eager(model, session, cases, names: list[str]) -> dict:
+    """How `session` (either runtime) agrees with eager on each case: _compare's figures."""
+    worst, integer_mismatches, reordered, differing = 0.0, 0, 0, 0
+    for case in cases:
         with torch.no_grad():
             expected = [t.numpy() for t in _leaves(model(*case))]
         got = session.run(None, {name: a.numpy() for name, a in zip(names, case)})
         worst, mismatches, moved, other = _compare(got, expected, worst)
         integer_mismatches, reordered, differing = integer_mismatches + mismatches, reordered + moved, max(differing,
                                                                                                         other)
-    dims = [[d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output]
-    report = {"nodes": nodes, "outputs": len(got), "max_rel_diff": worst, "integer_mismatches": integer_mismatches,
-              "reordered_rows": reordered, "differing_rows": differing, "output_dims": dims,
-              "grid_samples": sum(n.op_type == "GridSample" for n in graph.node)}
-    if timing:
-        report.update(_interleaved_ms(model, args, session, names))
-    return report
+    return {"max_rel_diff": worst, "integer_mismatches": integer_mismatches, "reordered_rows": reordered,
+            "differing_rows": differing}
 
 
 def _compare(got: list, expected: list, worst: float) -> tuple[float, int, int, int]:
