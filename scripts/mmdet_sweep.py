@@ -45,13 +45,16 @@ def pick(folder: Path) -> Path | None:
     return configs[0] if configs else None
 
 
+def _matches(exported: dict) -> bool:
+    return exported["max_rel_diff"] < 1e-4 and not exported["integer_mismatches"] and \
+        exported.get("differing_rows", 0) <= 2  # the bar tests/python/test_mmdet.py sets
+
+
 def stage(report: dict) -> str:
     """The last stage a model passed: build, predict, export, match (or nothing)."""
     exported = report.get("torchscript")
     if isinstance(exported, dict):
-        matches = exported["max_rel_diff"] < 1e-4 and not exported["integer_mismatches"] and \
-            exported.get("differing_rows", 0) <= 2  # the bar tests/python/test_mmdet.py sets
-        return "match" if matches else "export"
+        return "match" if _matches(exported) else "export"
     if report.get("predict") == "ok":
         return "predict"
     return "build" if report.get("build") == "ok" else "none"
@@ -71,7 +74,13 @@ def table(results: Path) -> str:
              f"{at_least['export']} export (TorchScript exporter, tensor mode), {at_least['match']} match eager "
              "in ONNX Runtime. Those that match: " +
              ", ".join(f"`{r['config'].split('/')[0]}`" for r in sorted(reports, key=lambda r: r["config"])
-                       if stage(r) == "match") + ".", "", "The others:", "",
+                       if stage(r) == "match") + ".", ""]
+    in_openvino = [r["torchscript"]["openvino"] for r in reports if stage(r) == "match" and "openvino" in r["torchscript"]]
+    if in_openvino:
+        lines += [f"OpenVINO: of the {len(in_openvino)} that match and were also run in OpenVINO (reports from before "
+                  f"the runner ran it have none), {sum(isinstance(o, dict) and _matches(o) for o in in_openvino)} match "
+                  "there too.", ""]
+    lines += ["The others:", "",
              "| config | reached | why not further | missing mmcv._ext functions |", "|---|---|---|---|"]
     for r in sorted(reports, key=lambda r: r["config"]):
         s = stage(r)

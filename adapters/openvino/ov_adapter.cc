@@ -23,6 +23,7 @@
 #include <openvino/core/extension.hpp>
 #include <openvino/core/parallel.hpp>
 #include <openvino/frontend/onnx/extension/conversion.hpp>
+#include <openvino/frontend/pytorch/extension/conversion.hpp>
 #include <openvino/op/constant.hpp>
 #include <openvino/op/op.hpp>
 
@@ -304,9 +305,11 @@ class OpNode final : public ov::op::Op {
       for (size_t j = 0; j < sym.size(); ++j) {
         if (slots_[n_in + j] < 0) continue;
         const ov::Tensor& t = inputs.at(slots_[n_in + j]);
-        OB_CHECK(t.get_element_type() == ov::element::i64 && t.get_size() == 1, "input '", op_.attrs[sym[j]].name,
-                 "_value' gives attribute '", op_.attrs[sym[j]].name, "' and must be an int64 scalar or 1-element tensor");
-        attrs[sym[j]] = *static_cast<const int64_t*>(t.data());
+        // int64, or the int32 the CPU plugin carries it as
+        const bool i64 = t.get_element_type() == ov::element::i64, i32 = t.get_element_type() == ov::element::i32;
+        OB_CHECK((i64 || i32) && t.get_size() == 1, "input '", op_.attrs[sym[j]].name, "_value' gives attribute '",
+                 op_.attrs[sym[j]].name, "' and must be an int64 scalar or 1-element tensor");
+        attrs[sym[j]] = i64 ? *static_cast<const int64_t*>(t.data()) : int64_t{*static_cast<const int32_t*>(t.data())};
       }
       OvHost host(outputs);
       run_kernel(op_, args, attrs, host);
@@ -397,6 +400,64 @@ ov::OutputVector convert(const OpSpec& op, const ov::frontend::NodeContext& node
   }
 }
 
+// ---- the PyTorch frontend ---------------------------------------------------------------------
+// openvino.convert_model of a PyTorch model: a call of the op is a node whose inputs follow its
+// PyTorch schema, the op's inputs then its attributes (OpSpec order), an attribute a constant,
+// None where an optional input or a defaulted attribute is left out. A symbolic attribute that
+// the model computes from sizes is not a constant: it becomes the node's input, read when it runs.
+std::optional<AttrValue> torch_attr(const ov::frontend::NodeContext& node, int i, const AttrSpec& a) {
+  ov::Any v = node.get_values_from_const_input(i);
+  if (v.empty()) return std::nullopt;
+  switch (a.kind) {
+    case AttrKind::Int: return AttrValue{v.as<int64_t>()};
+    case AttrKind::Bool: return AttrValue{v.as<bool>()};
+    case AttrKind::Float: return AttrValue{v.as<double>()};
+    case AttrKind::String: return AttrValue{v.as<std::string>()};
+    case AttrKind::Ints: return AttrValue{v.as<std::vector<int64_t>>()};
+    case AttrKind::Floats: return AttrValue{v.as<std::vector<double>>()};
+  }
+  return std::nullopt;
+}
+
+ov::OutputVector convert_torch(const OpSpec& op, const ov::frontend::NodeContext& node) {
+  const std::string where = op.qualified_name();  // the PyTorch frontend's calls have no name
+  try {
+    const size_t n_in = op.inputs.size();
+    const std::vector<size_t> sym = op.symbolic_attrs();
+    OB_CHECK(static_cast<size_t>(node.get_input_size()) <= n_in + op.attrs.size(), "the call has ",
+             node.get_input_size(), " arguments; the op takes ", n_in + op.attrs.size());
+    ov::OutputVector args;
+    std::vector<int> slots(n_in + sym.size(), -1);
+    for (size_t i = 0; i < n_in && i < static_cast<size_t>(node.get_input_size()); ++i) {
+      if (node.input_is_none(i)) continue;
+      slots[i] = static_cast<int>(args.size());
+      args.push_back(node.get_input(static_cast<int>(i)));
+    }
+    std::vector<std::optional<AttrValue>> attrs(op.attrs.size());
+    for (size_t j = 0; j < op.attrs.size() && n_in + j < static_cast<size_t>(node.get_input_size()); ++j) {
+      const int i = static_cast<int>(n_in + j);
+      if (node.input_is_none(i)) continue;
+      const auto s = std::find(sym.begin(), sym.end(), j);
+      try {
+        attrs[j] = torch_attr(node, i, op.attrs[j]);
+      } catch (const std::exception&) {
+        OB_CHECK(s != sym.end(), "attribute '", op.attrs[j].name, "' must be a constant");
+      }
+      if (!attrs[j] && s != sym.end()) {  // computed from sizes: an input of the node
+        slots[n_in + static_cast<size_t>(s - sym.begin())] = static_cast<int>(args.size());
+        args.push_back(node.get_input(i));
+        attrs[j] = AttrValue{int64_t{0}};  // the input decides
+      }
+    }
+    auto n = std::make_shared<OpNode>(op, args, resolve_attrs(op, std::move(attrs)), std::move(slots), "");
+    return n->outputs();
+  } catch (const ov::Exception&) {
+    throw;
+  } catch (const std::exception& e) {
+    OPENVINO_THROW(where, ": ", e.what());
+  }
+}
+
 std::vector<ov::Extension::Ptr> extensions() {
   std::vector<ov::Extension::Ptr> out;
   for (const OpSpec& op : registry().ops()) {
@@ -405,6 +466,14 @@ std::vector<ov::Extension::Ptr> extensions() {
     out.push_back(std::make_shared<ov::frontend::onnx::ConversionExtension>(
         op.export_as.onnx_name, op.export_as.onnx_domain,
         [spec](const ov::frontend::NodeContext& node) { return convert(*spec, node); }));
+    // The PyTorch frontend names a call by the op's qualified name (a TorchScript trace) or by
+    // its overload's (torch.export: "<namespace>.<op>.default").
+    const std::string qualified = op.qualified_name();
+    std::string dotted = qualified;
+    dotted.replace(dotted.find("::"), 2, ".");
+    for (const std::string& name : {qualified, dotted + ".default"})
+      out.push_back(std::make_shared<ov::frontend::pytorch::ConversionExtension>(
+          name, [spec](const ov::frontend::NodeContext& node) { return convert_torch(*spec, node); }));
   }
   return out;
 }

@@ -160,3 +160,45 @@ def test_standard_node_the_rule_cannot_have_written_is_refused():
     with pytest.raises(opbridge.OpbridgeError, match="DeformConv node 'dc' has no attribute 'strides'"):
         with_own_nodes(_deform_conv_node(pads=[0, 0, 0, 0], dilations=[1, 1], group=1, offset_group=1),
                        {"DeformConv"})
+
+
+class Sampling(torch.nn.Module):
+    """A symbolic attribute computed from a size: npoint is a quarter of the points."""
+
+    def forward(self, xyz):
+        return OPS.furthest_point_sampling(xyz, xyz.shape[1] // 4)
+
+
+@pytest.mark.parametrize("how", ["trace", "export"])
+def test_convert_model_reads_a_pytorch_model_calling_opbridges_ops(how):
+    # No ONNX in between: OpenVINO's PyTorch frontend, with the library's conversions.
+    import openvino as ov
+
+    (lib,) = [lib for lib in opbridge.libraries() if lib.name == "opbridge"]
+    args = detection_inputs(50, 10, 0)
+    source = torch.export.export(Detection(), args) if how == "export" else Detection()
+    kwargs = {} if how == "export" else {"example_input": args}
+    model = ov.convert_model(source, extension=[str(lib.openvino_path)], **kwargs)
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    for n, k in ((50, 10), (80, 3)) if how == "trace" else ((50, 10),):  # torch.export fixed the sizes
+        args = detection_inputs(n, k, n)
+        got = compiled([a.numpy() for a in args])
+        for i, want in enumerate(Detection()(*args)):
+            np.testing.assert_array_equal(got[compiled.outputs[i]], want.numpy())
+
+
+def test_convert_model_takes_a_size_computed_attribute_as_an_input():
+    # torch.export keeps npoint symbolic (a TorchScript trace, convert_model's own for a module,
+    # would record the example's 16): the node takes it as an input, read when it runs.
+    import openvino as ov
+
+    (lib,) = [lib for lib in opbridge.libraries() if lib.name == "opbridge"]
+    xyz = torch.rand(2, 64, 3, generator=torch.Generator().manual_seed(0))
+    program = torch.export.export(Sampling(), (xyz,), dynamic_shapes=({1: torch.export.Dim("n", min=8)},))
+    model = ov.convert_model(program, extension=[str(lib.openvino_path)])
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    for n in (64, 100):
+        xyz = torch.rand(2, n, 3, generator=torch.Generator().manual_seed(n))
+        got = compiled([xyz.numpy()])[compiled.outputs[0]]
+        assert got.shape == (2, n // 4)
+        np.testing.assert_array_equal(got, Sampling()(xyz).numpy())

@@ -103,7 +103,7 @@ def other_forms_inputs(n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
             torch.rand(1, 6, 2, 2, 3, 2, generator=g) * 1.2 - 0.1, torch.rand(1, 6, 2, 2, 3, generator=g))
 class DetectionForms(torch.nn.Module):
     """The detection ops: NMS (a data-dependent count), soft-NMS, RoIAlign / RoIPool /
-    position-sensitive RoIAlign, the rotated family and CARAFE."""
+    position-sensitive RoIAlign, the rotated family, CARAFE and corner pooling."""
 
     def forward(self, boxes, scores, features, rois, rotated, rotated_rois, masks):
         ops = torch.ops.opbridge
@@ -117,11 +117,13 @@ class DetectionForms(torch.nn.Module):
         kept_dets, kept = ops.nms_rotated(rotated, scores, iou_threshold=0.3)
         turned = ops.roi_align_rotated(features, rotated_rois, [2, 2], 0.5, 2)
         up = ops.carafe(features[:, :4], masks, 3, 1, 2)
-        return keep, soft, soft_idx, aligned, maxed, pooled, argmax, ps, channels, ious, kept_dets, kept, turned, up
+        corner = ops.corner_pool(features, "left")
+        return keep, soft, soft_idx, aligned, maxed, pooled, argmax, ps, channels, ious, kept_dets, kept, turned, up, \
+            corner
 
 
 DETECTION_OUTPUTS = ["keep", "soft", "soft_idx", "aligned", "maxed", "pooled", "argmax", "ps", "channels", "ious",
-                     "kept_dets", "kept", "turned", "up"]
+                     "kept_dets", "kept", "turned", "up", "corner"]
 DETECTION_FORMS = dict(input_names=["boxes", "scores", "features", "rois", "rotated", "rotated_rois", "masks"],
                        output_names=DETECTION_OUTPUTS,
                        dynamic_axes={"boxes": {0: "n"}, "scores": {0: "n"}, "rotated": {0: "n"}})
