@@ -60,7 +60,47 @@ def run(quick: bool) -> list[Row]:
         inverse = statistics.median(1 / r for r in add.round_ratios)
         add.note = (f"the Foo chain takes {inverse:.2f}x this chain's time (median per round); "
                     f"{per_node * 1e3:.0f} ns more per node")
+    rows += _openvino(quick, feeds, block)
     rows += _session_creation(quick)
+    return rows
+
+
+def _openvino(quick: bool, feeds: dict, block: int) -> list[Row]:
+    """The same chains in OpenVINO's CPU plugin (float32, one infer request each), on one thread and
+    every core. The plugin runs an opbridge node through its Reference node (evaluate()), and fuses
+    the Add chain into one generated kernel (a Subgraph); with SNIPPETS_MODE DISABLE each Add
+    stays a node of its own (Eltwise), the per-node peer."""
+    import os
+
+    from bench_openvino import ov_runner, thread_label
+
+    rows: list[Row] = []
+    for length in (1, 100):
+        for threads in (1, os.cpu_count() or 1):
+            name = (f"per-call overhead in OpenVINO: a chain of {length} node(s) on 1-element float32 tensors, "
+                    f"{thread_label(threads)}, {block} runs")
+            progress(name)
+            runners = {"opbridge::Foo chain (OpenVINO, libopbridge_ov.so)": ov_runner(_chain("Foo", "opbridge", length),
+                                                                                      threads),
+                       "ai.onnx Add chain (OpenVINO, fused)": ov_runner(_chain("Add", "", length), threads),
+                       "ai.onnx Add chain (OpenVINO, a node per Add)": ov_runner(_chain("Add", "", length), threads,
+                                                                                 SNIPPETS_MODE="DISABLE")}
+            for runner in runners.values():
+                np.testing.assert_allclose(runner(feeds), feeds["x"] + length * feeds["y"])
+
+            def blockwise(runner):
+                def call():
+                    for _ in range(block):
+                        runner(feeds)
+                return call
+
+            rows += interleaved(name, {impl: blockwise(runner) for impl, runner in runners.items()},
+                                rounds=5 if quick else 25)
+            foo = rows[-3]
+            for peer in rows[-2:]:
+                per_node = (foo.median_ms - peer.median_ms) / block / length * 1e6
+                peer.note = (f"the Foo chain takes {statistics.median(1 / r for r in peer.round_ratios):.2f}x "
+                             f"this chain's time (median per round); {per_node:.0f} ns more per node")
     return rows
 
 

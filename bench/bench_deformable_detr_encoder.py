@@ -62,7 +62,7 @@ class EncoderLayer(torch.nn.Module):
         return self.norm2(hidden + self.fc2(F.relu(self.fc1(hidden))))
 
 
-def _inputs(levels):
+def encoder_inputs(levels):
     """Hidden states, and each position's reference point (its pixel centre) on every level."""
     s = sum(h * w for h, w in levels)
     rng = np.random.default_rng(0)
@@ -76,7 +76,7 @@ def _inputs(levels):
 def _case(label: str, levels, threads: int, quick: bool) -> list[Row]:
     import opbridge
 
-    args = _inputs(levels)
+    args = encoder_inputs(levels)
     names = ["hidden", "reference_points"]
     feeds = {n: a.numpy() for n, a in zip(names, args)}
     fused, path = EncoderLayer(levels, True).eval(), EncoderLayer(levels, False).eval()

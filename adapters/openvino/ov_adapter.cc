@@ -144,13 +144,14 @@ const ov::DiscreteTypeInfo& type_info(const OpSpec& op) {
 // OpenVINO's pool as a kernel's host; outputs are the evaluate call's tensors, shaped here.
 class OvHost final : public KernelHost {
  public:
-  explicit OvHost(ov::TensorVector& outputs) : outputs_(outputs), scratch_(outputs.size()) {}
+  explicit OvHost(ov::TensorVector& outputs) : outputs_(outputs) {}
   void* output_memory(size_t i, DType dtype, const Shape& shape) override {
     ov::Shape s(shape.begin(), shape.end());
     ov::Tensor& t = outputs_.at(i);
     if (!t) t = ov::Tensor(to_ov(dtype), s);
     else if (t.get_shape() != s) t.set_shape(s);
     if (t.get_element_type() == to_ov(dtype)) return t.data();
+    scratch_.resize(outputs_.size());
     Scratch& k = scratch_[i];  // the plugin's narrower type: the kernel writes here, finish() casts
     k.dtype = dtype;
     k.bytes.resize(ov::shape_size(s) * dtype_size(dtype));
@@ -202,7 +203,7 @@ class OpNode final : public ov::op::Op {
  public:
   OpNode(const OpSpec& op, const ov::OutputVector& args, std::vector<AttrValue> attrs, std::vector<int> slots,
          std::string node_name)
-      : ov::op::Op(args), op_(op), attrs_(std::move(attrs)), slots_(std::move(slots)) {
+      : ov::op::Op(args), op_(op), attrs_(std::move(attrs)), slots_(std::move(slots)), sym_(op.symbolic_attrs()) {
     set_friendly_name(node_name.empty() ? op.export_as.onnx_name : node_name);
     constructor_validate_and_infer_types();
   }
@@ -275,11 +276,21 @@ class OpNode final : public ov::op::Op {
   bool has_evaluate() const override { return true; }
 
   bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override {
+    // Storage kept per thread, so that a warm call allocates nothing of its own (a call that finds
+    // it in use, never expected, takes fresh storage): for a small op the allocations were most of
+    // the adapter's per-call cost.
+    thread_local Buffers kept;
+    Buffers fresh;
+    Buffers& b = kept.in_use ? fresh : kept;
+    b.in_use = true;
+    struct Release {
+      Buffers& b;
+      ~Release() { b.in_use = false; }
+    } release{b};
     const size_t n_in = op_.inputs.size();
-    std::vector<TensorView> views(n_in);
-    std::vector<const TensorView*> args(n_in, nullptr);
-    std::vector<AttrValue> attrs = attrs_;
-    std::vector<std::vector<uint8_t>> widened(n_in);
+    b.views.resize(n_in);
+    b.args.assign(n_in, nullptr);
+    b.widened.resize(n_in);
     try {
       for (size_t i = 0; i < n_in; ++i) {
         if (slots_[i] < 0) continue;
@@ -287,32 +298,33 @@ class OpNode final : public ov::op::Op {
         const auto dtype = from_ov(t.get_element_type());
         OB_CHECK(dtype, "input '", op_.inputs[i].name, "' has element type ", t.get_element_type().get_type_name(),
                  ", which opbridge kernels do not take");
-        TensorView& view = views[i];
+        TensorView& view = b.views[i];
         view.dtype = *dtype;
         view.shape.assign(t.get_shape().begin(), t.get_shape().end());
         contiguous_strides(view.shape, view.strides);
         view.data = const_cast<void*>(t.data());
         const auto wide = wide_of(*dtype);
         if (wide && !contains(allowed_types(op_.inputs[i].type), *dtype)) {  // the plugin narrowed it
-          widened[i].resize(t.get_size() * dtype_size(*wide));
-          cast(t.data(), *dtype, widened[i].data(), *wide, t.get_size(), op_.inputs[i].name.c_str());
+          b.widened[i].resize(t.get_size() * dtype_size(*wide));
+          cast(t.data(), *dtype, b.widened[i].data(), *wide, t.get_size(), op_.inputs[i].name.c_str());
           view.dtype = *wide;
-          view.data = widened[i].data();
+          view.data = b.widened[i].data();
         }
-        args[i] = &view;
+        b.args[i] = &view;
       }
-      const std::vector<size_t> sym = op_.symbolic_attrs();
-      for (size_t j = 0; j < sym.size(); ++j) {
+      const std::vector<AttrValue>* attrs = &attrs_;
+      for (size_t j = 0; j < sym_.size(); ++j) {
         if (slots_[n_in + j] < 0) continue;
+        if (attrs == &attrs_) b.attrs = attrs_, attrs = &b.attrs;
         const ov::Tensor& t = inputs.at(slots_[n_in + j]);
         // int64, or the int32 the CPU plugin carries it as
         const bool i64 = t.get_element_type() == ov::element::i64, i32 = t.get_element_type() == ov::element::i32;
-        OB_CHECK((i64 || i32) && t.get_size() == 1, "input '", op_.attrs[sym[j]].name, "_value' gives attribute '",
-                 op_.attrs[sym[j]].name, "' and must be an int64 scalar or 1-element tensor");
-        attrs[sym[j]] = i64 ? *static_cast<const int64_t*>(t.data()) : int64_t{*static_cast<const int32_t*>(t.data())};
+        OB_CHECK((i64 || i32) && t.get_size() == 1, "input '", op_.attrs[sym_[j]].name, "_value' gives attribute '",
+                 op_.attrs[sym_[j]].name, "' and must be an int64 scalar or 1-element tensor");
+        b.attrs[sym_[j]] = i64 ? *static_cast<const int64_t*>(t.data()) : int64_t{*static_cast<const int32_t*>(t.data())};
       }
       OvHost host(outputs);
-      run_kernel(op_, args, attrs, host);
+      run_kernel(op_, b.args, *attrs, host, b.call);
       host.finish(op_);
     } catch (const std::exception& e) {
       fail(e.what());
@@ -333,9 +345,19 @@ class OpNode final : public ov::op::Op {
     OPENVINO_THROW(op_.qualified_name(), " (node '", get_friendly_name(), "'): ", why);
   }
 
+  struct Buffers {
+    std::vector<TensorView> views;
+    std::vector<const TensorView*> args;
+    std::vector<std::vector<uint8_t>> widened;
+    std::vector<AttrValue> attrs;  // the node's, with the symbolic attributes' inputs applied
+    CallBuffers call;
+    bool in_use = false;
+  };
+
   const OpSpec& op_;
   std::vector<AttrValue> attrs_;
   std::vector<int> slots_;
+  std::vector<size_t> sym_;  // op_.symbolic_attrs()
 };
 
 // ---- the ONNX frontend ------------------------------------------------------------------------
