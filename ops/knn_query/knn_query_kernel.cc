@@ -7,6 +7,7 @@
 // with FMA contraction enabled would break the first point; the default x86-64 flags do not.)
 #include "knn_query_kernel.h"
 
+#include <opbridge/cpu.h>
 #include <opbridge/float32_copy.h>
 #include <opbridge/segments.h>
 
@@ -17,17 +18,20 @@
 #include <type_traits>
 #include <vector>
 
+#include "knn_leaf_variants.h"
+
 namespace opbridge {
 namespace {
 
 // Points per leaf at most; leaves get between kLeafSize/2 and kLeafSize (power-of-two leaf
 // counts). Measured at k = 16: leaves of 16-32 points beat 6-12 by 15% and 24-48 by 7%.
 constexpr int64_t kLeafSize = 32;
-// How the k best are kept (measured at n = 100 000, see docs/ops/knn_query.md): a sorted array
+// How the k best are kept (measured at n = 100 000, see docs/ops/knn_query.md): at k = 1 one key,
+// each leaf reduced to its smallest key first (no candidate list); above, a sorted array
 // with branch-free insertion for float32 up to k = 32 (13% faster than a branching one at
 // k = 16, slower from k = 64 and with float64's 128-bit keys), then a sorted array with
 // branching insertion up to k = 128 (1.2x faster than a heap at k = 64), then a max-heap.
-enum class Keep { BranchFree, Insertion, Heap };
+enum class Keep { One, BranchFree, Insertion, Heap };
 constexpr int64_t kMaxBranchFreeK = 32;
 constexpr int64_t kMaxInsertionK = 128;
 // Padding index: larger than any row index (n < 2^31 is checked), so it sorts after real points.
@@ -123,6 +127,48 @@ int plan_forest(Forest<T>& f, int64_t n, const std::vector<bool>& wanted) {
   return max_depth;
 }
 
+// std::nth_element's contract on p[0, n) by coordinate d: p[kth] is the element a sort would put
+// there, none before it larger, none after it smaller. Quickselect with a branch-free Lomuto
+// partition (each point swapped into place whatever its side: the split's comparisons on random
+// coordinates are unpredictable branches, the bulk of a branchy partition's time); points equal
+// to the pivot get a pass of their own only when no point is below it, so runs of equal
+// coordinates still shrink the range.
+template <typename T>
+void select_kth(BuildPoint<T>* p, int64_t n, int64_t kth, int d) {
+  int64_t lo = 0, hi = n;
+  while (hi - lo > 16) {
+    const T a = p[lo].c[d], b = p[lo + (hi - lo) / 2].c[d], c = p[hi - 1].c[d];
+    const T pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));  // median of three
+    auto partition = [&](int64_t from, auto goes_left) {
+      int64_t s = from;
+      for (int64_t i = from; i < hi; ++i) {
+        const BuildPoint<T> v = p[i];
+        const bool left = goes_left(v.c[d]);
+        p[i] = p[s];
+        p[s] = v;
+        s += left;
+      }
+      return s;
+    };
+    const int64_t below = partition(lo, [pivot](T v) { return v < pivot; });
+    if (kth < below) {
+      hi = below;
+    } else if (below > lo) {
+      lo = below;
+    } else {  // the pivot is the least: split off the points equal to it (at least the pivot)
+      const int64_t equal = partition(lo, [pivot](T v) { return v == pivot; });
+      if (kth < equal) return;
+      lo = equal;
+    }
+  }
+  for (int64_t i = lo + 1; i < hi; ++i) {  // insertion sort of the last few
+    const BuildPoint<T> v = p[i];
+    int64_t j = i;
+    for (; j > lo && v.c[d] < p[j - 1].c[d]; --j) p[j] = p[j - 1];
+    p[j] = v;
+  }
+}
+
 // Splits node j of `level` in segment s's tree: the median along the widest extent moves to
 // the middle of the node's range, and becomes the split.
 template <typename T>
@@ -144,8 +190,7 @@ void split_node(Forest<T>& f, BuildPoint<T>* pts, size_t s, int level, int64_t j
   for (int a = 1; a < 3; ++a)
     if (mx[a] - mn[a] > mx[d] - mn[d]) d = a;
   const int64_t mid = lo + (hi - lo) / 2;
-  std::nth_element(p + lo, p + mid, p + hi,
-                   [d](const BuildPoint<T>& u, const BuildPoint<T>& v) { return u.c[d] < v.c[d]; });
+  select_kth(p + lo, hi - lo, mid - lo, d);
   const int64_t node = f.node_base[s] + (int64_t{1} << level) - 1 + j;
   f.split[node] = p[mid].c[d];
   f.split_dim[node] = static_cast<uint8_t>(d);
@@ -234,12 +279,15 @@ class Best {
   static constexpr bool kHeap = kKeep == Keep::Heap;
 
  public:
+  static constexpr bool kOne = kKeep == Keep::One;
   void reset(int64_t k) {
     k_ = k;
     keys_.assign(static_cast<size_t>(k), make_key(std::numeric_limits<T>::infinity(), kNoPoint));
   }
   // The key a candidate must beat: the last of the sorted array, or the heap's root.
   Key<T> worst() const { return kHeap ? keys_[0] : keys_[k_ - 1]; }
+  // k = 1: keeps the smaller of the two.
+  void push_min(Key<T> key) { keys_[0] = key < keys_[0] ? key : keys_[0]; }
 
   void push(Key<T> key) {  // the caller checked that key < worst()
     if (kHeap) return sift_down(key, k_);
@@ -295,6 +343,53 @@ class Best {
   std::vector<Key<T>> keys_;
 };
 
+// The smallest (d2, index) key among a leaf's len <= kLeafSize points (x, y, z, idx) from q: the
+// smallest distance (as bits: non-negative IEEE values order like their patterns), then the
+// smallest index among the points at it. Plain code (knn_leaf_variants.h has the vector ones for
+// float32): two reductions without a branch per point.
+template <typename T>
+Key<T> nearest_in_leaf(const T* x, const T* y, const T* z, const int32_t* idx, int len, const T* q) {
+  using Bits = typename KeyOf<T>::Bits;
+  // Signed: a distance's sign bit is 0, and a signed minimum vectorises on every x86-64 target.
+  using SBits = std::make_signed_t<Bits>;
+  SBits bits[kLeafSize];
+  for (int i = 0; i < len; ++i) {
+    const T dx = x[i] - q[0], dy = y[i] - q[1], dz = z[i] - q[2];
+    const T d2 = dx * dx + dy * dy + dz * dz;
+    std::memcpy(&bits[i], &d2, sizeof d2);
+  }
+  SBits lowest = std::numeric_limits<SBits>::max();
+  for (int i = 0; i < len; ++i) lowest = bits[i] < lowest ? bits[i] : lowest;
+  int32_t first = kNoPoint;
+  for (int i = 0; i < len; ++i) first = bits[i] == lowest && idx[i] < first ? idx[i] : first;
+  T d;
+  std::memcpy(&d, &lowest, sizeof d);
+  return make_key(d, first);
+}
+
+}  // namespace
+
+namespace knn_leaf {
+Variant scalar_variant() { return Variant{nearest_in_leaf<float>, "scalar"}; }
+const Variant& best_variant() {
+  static const Variant chosen = widest_variant(avx512_variant, avx2_variant, scalar_variant());
+  return chosen;
+}
+}  // namespace knn_leaf
+
+namespace {
+
+// nearest_in_leaf in the widest variant this CPU runs (float32), or plain (float64).
+template <typename T>
+Key<T> nearest(const T* x, const T* y, const T* z, const int32_t* idx, int len, const T* q) {
+  if constexpr (std::is_same_v<T, float>) {
+    static const knn_leaf::NearestInLeaf variant = knn_leaf::best_variant().nearest_f;
+    return variant(x, y, z, idx, len, q);
+  } else {
+    return nearest_in_leaf<T>(x, y, z, idx, len, q);
+  }
+}
+
 // The k-d tree of one segment, as the query sees it.
 template <typename T>
 struct SegmentTree {
@@ -324,9 +419,16 @@ struct Query {
   bool worth(T lb, int32_t first) const { return make_key(lb, first) < best.worst(); }
 
   void scan_leaf(int64_t lo, int64_t hi) {
-    T d2[kLeafSize];
-    const int64_t len = hi - lo;
     const T *x = t.x + lo, *y = t.y + lo, *z = t.z + lo;
+    if constexpr (BestT::kOne)  // k = 1: the leaf's smallest key, in this CPU's widest vectors
+      best.push_min(nearest<T>(x, y, z, t.idx + lo, static_cast<int>(hi - lo), q));
+    else
+      scan_candidates(x, y, z, lo, hi - lo);
+  }
+
+  // k > 1: the leaf's points [lo, lo + len) that beat the current k-th, pushed in order.
+  void scan_candidates(const T* x, const T* y, const T* z, int64_t lo, int64_t len) {
+    T d2[kLeafSize];
     for (int64_t i = 0; i < len; ++i) {  // vectorized
       const T dx = x[i] - q[0], dy = y[i] - q[1], dz = z[i] - q[2];
       d2[i] = dx * dx + dy * dy + dz * dz;
@@ -396,10 +498,8 @@ struct Query {
       const bool left_near = diff < 0;
       const int64_t near = 2 * node + (left_near ? 1 : 2), far = 2 * node + (left_near ? 2 : 1);
       const T plane = std::abs(diff);
-      o[d] = plane;
-      const T far_lb = bound(o);
-      o[d] = T(0);
-      if (far_lb == T(0) && t.min_idx[far] < t.min_idx[near]) break;
+      // bound(o) with o[d] = plane and the other terms 0: exactly plane * plane (x + 0 = x).
+      if (plane * plane == T(0) && t.min_idx[far] < t.min_idx[near]) break;
       path[depth++] = Far{far, left_near ? mid : lo, left_near ? hi : mid, plane, d};
       lo = left_near ? lo : mid;
       hi = left_near ? mid : hi;
@@ -451,6 +551,7 @@ template <typename T>
 void query_all(KernelContext& ctx, const Forest<T>& f, const T* qxyz, int64_t m, const std::vector<int64_t>& qb,
                bool self, int64_t k, bool squared, int32_t* out_idx, T* out_dist) {
   ctx.parallel_for(m, 256, [&](int64_t lo, int64_t hi) {
+    Best<T, Keep::One> one;
     Best<T, Keep::BranchFree> branch_free;
     Best<T, Keep::Insertion> insertion;
     Best<T, Keep::Heap> heap;
@@ -470,7 +571,8 @@ void query_all(KernelContext& ctx, const Forest<T>& f, const T* qxyz, int64_t m,
         if (kk > 0) Query<T, BestT>{t, {q[0], q[1], q[2]}, best}.run();
         best.write(out_idx + i * k, out_dist + i * k, k, squared);
       };
-      if (kk > kMaxInsertionK) search(heap);
+      if (kk == 1) search(one);
+      else if (kk > kMaxInsertionK) search(heap);
       else if (std::is_same_v<T, float> && kk <= kMaxBranchFreeK) search(branch_free);
       else search(insertion);
     }

@@ -2,12 +2,17 @@
 // sorted, the first k kept. Compared bit for bit, so ties and rounding must agree exactly.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <utility>
 
 #include <gtest/gtest.h>
+#include <opbridge/cpu.h>
 #include <opbridge/testing/kernel_harness.h>
+
+#include "knn_leaf_variants.h"
 
 namespace opbridge::testing {
 namespace {
@@ -167,6 +172,106 @@ TEST(KnnQueryKernel, Clustered) {
       xyz.push_back(c % 2 ? 0.f : g(gen));
     }
   check_self<float, int64_t>(xyz, {2000}, 16);
+}
+
+// ---- k = 1: one key per query, each leaf reduced in vectors --------------------------------------
+
+TEST(KnnQueryKernel, KOneFloat32MatchesBruteForce) {
+  // Segments of 1, 39 (one leaf), 1460 and 1000 points; then grids: ties and duplicates everywhere.
+  check_self<float, int64_t>(random_points<float>(2500, 21), {1, 40, 1500, 2500}, 1);
+  check_self<float, int64_t>(random_points<float>(2400, 22, 0.5), {1500, 2400}, 1);
+  check_self<float, int32_t>(random_points<float>(1500, 23, 0.5), {1500}, 1, /*threaded=*/false);
+  check<float, int32_t>(random_points<float>(1500, 24, 0.25), {1500}, random_points<float>(600, 25, 0.25), {600}, 1,
+                        true);
+  check<double, int64_t>(random_points<double>(1500, 26, 0.5), {500, 1500}, random_points<double>(500, 27, 0.5),
+                         {200, 500}, 1, true);
+}
+
+TEST(KnnQueryKernel, KOneIsTheFirstNeighbourOfLargerK) {
+  auto first_column = [](const auto& xyz, int64_t n, int64_t k) {
+    using T = typename std::decay_t<decltype(xyz)>::value_type;
+    auto out = run("knn_query", {Tensor::of<T>({n, 3}, xyz), Tensor::of<int64_t>({2}, {n / 3, n})}, {{"k", k}});
+    std::vector<std::pair<int32_t, T>> got;
+    auto idx = out[0].template values<int32_t>();
+    auto dist = out[1].template values<T>();
+    for (int64_t i = 0; i < n; ++i) got.emplace_back(idx[i * k], dist[i * k]);
+    return got;
+  };
+  const auto grid = random_points<float>(6000, 28, 0.5);
+  const auto uniform = random_points<double>(3000, 29);
+  EXPECT_EQ(first_column(grid, 6000, 1), first_column(grid, 6000, 5));
+  EXPECT_EQ(first_column(grid, 6000, 1), first_column(grid, 6000, 40));
+  EXPECT_EQ(first_column(uniform, 3000, 1), first_column(uniform, 3000, 3));
+}
+
+std::vector<knn_leaf::Variant> every_leaf_variant() {
+  std::vector<knn_leaf::Variant> v{knn_leaf::scalar_variant()};
+  if (cpu_has_avx2() && knn_leaf::avx2_variant().isa) v.push_back(knn_leaf::avx2_variant());
+  if (cpu_has_avx512() && knn_leaf::avx512_variant().isa) v.push_back(knn_leaf::avx512_variant());
+  return v;
+}
+
+// A leaf's smallest (squared distance's bits, index) key, by a plain loop.
+uint64_t plain_nearest(const std::vector<float>& x, const std::vector<float>& y, const std::vector<float>& z,
+                       const std::vector<int32_t>& idx, const float* q) {
+  uint64_t best = ~uint64_t{0};
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float dx = x[i] - q[0], dy = y[i] - q[1], dz = z[i] - q[2];
+    const float d2 = dx * dx + dy * dy + dz * dz;
+    uint32_t bits;
+    std::memcpy(&bits, &d2, sizeof bits);
+    best = std::min(best, (uint64_t{bits} << 32) | static_cast<uint32_t>(idx[i]));
+  }
+  return best;
+}
+
+TEST(KnnLeafVariants, EveryVariantFindsThePlainLoopsNearestKey) {
+  // Every leaf length, points on a coarse grid (many equal distances, copies, distance 0) or
+  // not, indices shuffled (the smallest at any lane, up to the largest the op allows).
+  std::mt19937 gen(30);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  std::uniform_int_distribution<int> grid(-2, 2);
+  const std::vector<knn_leaf::Variant> variants = every_leaf_variant();
+  std::vector<int> wrong(variants.size(), 0);
+  for (int trial = 0; trial < 400; ++trial) {
+    const bool on_grid = trial % 2 == 0;
+    for (int len = 1; len <= 32; ++len) {
+      // Vectors of exactly len: a variant reading past the leaf's end reads past the allocation.
+      std::vector<float> x(len), y(len), z(len);
+      for (int i = 0; i < len; ++i)
+        for (float* c : {&x[i], &y[i], &z[i]}) *c = on_grid ? 0.5f * grid(gen) : u(gen);
+      std::vector<int32_t> idx(len);
+      std::iota(idx.begin(), idx.end(), trial % 3 == 0 ? std::numeric_limits<int32_t>::max() - 40 : 0);
+      std::shuffle(idx.begin(), idx.end(), gen);
+      float q[3] = {on_grid ? 0.5f * grid(gen) : u(gen), on_grid ? 0.5f * grid(gen) : u(gen), u(gen)};
+      if (trial % 4 == 0) std::copy_n(std::initializer_list<float>{x[len / 2], y[len / 2], z[len / 2]}.begin(), 3, q);
+      const uint64_t want = plain_nearest(x, y, z, idx, q);
+      for (size_t v = 0; v < variants.size(); ++v)
+        wrong[v] += variants[v].nearest_f(x.data(), y.data(), z.data(), idx.data(), len, q) != want;
+    }
+  }
+  for (size_t v = 0; v < variants.size(); ++v) EXPECT_EQ(wrong[v], 0) << variants[v].isa << ": leaves wrong of 12800";
+}
+
+TEST(KnnLeafVariants, EveryVariantRoundsEachProductAsThePlainLoopDoes) {
+  // From the origin, (b, c, 0) is at b² + c² and (a, 0, 0) at a², equal when every product is
+  // rounded, so the smaller index wins; an FMA (b·b + c² rounded once, either way round) puts
+  // (b, c, 0) and (c, b, 0) an ulp nearer. a, b, c found by an exact search.
+  const float a = 0.9678275f, b = 0.65591574f, c = 0.71166325f, q[3] = {0, 0, 0};
+  for (int len : {3, 17, 32})
+    for (int at : {0, len - 1}) {  // the tie's winner in the first or the last lane
+      std::vector<float> x(len, 3.f), y(len, 3.f), z(len, 3.f);
+      std::vector<int32_t> idx(len);
+      std::iota(idx.begin(), idx.end(), 10);
+      const int other = at == 0 ? 1 : 0, third = at == 0 ? 2 : 1;
+      x[at] = a, y[at] = 0, z[at] = 0, idx[at] = 1;
+      x[other] = b, y[other] = c, z[other] = 0;
+      x[third] = c, y[third] = b, z[third] = 0;
+      const uint64_t want = plain_nearest(x, y, z, idx, q);
+      ASSERT_EQ(static_cast<uint32_t>(want), 1u);
+      for (const knn_leaf::Variant& v : every_leaf_variant())
+        EXPECT_EQ(v.nearest_f(x.data(), y.data(), z.data(), idx.data(), len, q), want) << v.isa << " len " << len;
+    }
 }
 
 // ---- errors ---------------------------------------------------------------------------------
