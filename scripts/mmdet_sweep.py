@@ -4,7 +4,8 @@ each built with random weights and run eagerly on one 320x320 image, then export
 the TorchScript exporter) and compared with ONNX Runtime, by tests/python/mmdet_models.py in the
 environment the tests make (mmdet 3.3.0, mmcv-lite 2.1.0, mmengine 0.10.7).
 
-    .venv/bin/python scripts/mmdet_sweep.py [--results FILE] [--only FOLDER ...] [--again] [--table]
+    .venv/bin/python scripts/mmdet_sweep.py [--results FILE] [--only FOLDER ...] [--again]
+        [--table [--earlier FILE]]
 
 Resumable: each model's report is appended to the results file (one JSON line,
 build/mmdet_sweep.jsonl by default) as it finishes, and a folder already there is skipped, so the
@@ -60,20 +61,33 @@ def stage(report: dict) -> str:
     return "build" if report.get("build") == "ok" else "none"
 
 
-def table(results: Path) -> str:
+def _reports(results: Path) -> dict[str, dict]:
     last = {}  # by folder: the last report counts (--again appends a newer one)
     for line in results.read_text().splitlines():
         if line.strip():
             report = json.loads(line)
             last[report["config"].split("/")[0]] = report
+    return last
+
+
+def table(results: Path, earlier: Path | None = None) -> str:
+    """The summary; folders `results` lacks are taken from `earlier` (a results file of an
+    earlier sweep, run before later fixes), marked so."""
+    last = _reports(results)
+    if earlier is not None:
+        for folder, report in _reports(earlier).items():
+            last.setdefault(folder, {**report, "earlier": True})
     reports = list(last.values())
     order = ("none", "build", "predict", "export", "match")
     reached = collections.Counter(order.index(stage(r)) for r in reports)
     at_least = {name: sum(n for i, n in reached.items() if i >= order.index(name)) for name in order[1:]}
-    lines = [f"{len(reports)} configs: {at_least['build']} build, {at_least['predict']} predict eagerly, "
+    from_earlier = sum(bool(r.get("earlier")) for r in reports)
+    lines = [f"{len(reports)} configs{f' ({from_earlier} from the earlier run)' if from_earlier else ''}: "
+             f"{at_least['build']} build, {at_least['predict']} predict eagerly, "
              f"{at_least['export']} export (TorchScript exporter, tensor mode), {at_least['match']} match eager "
              "in ONNX Runtime. Those that match: " +
-             ", ".join(f"`{r['config'].split('/')[0]}`" for r in sorted(reports, key=lambda r: r["config"])
+             ", ".join(f"`{r['config'].split('/')[0]}`" + (" (earlier run)" if r.get("earlier") else "")
+                       for r in sorted(reports, key=lambda r: r["config"])
                        if stage(r) == "match") + ".", ""]
     in_openvino = [r["torchscript"]["openvino"] for r in reports if stage(r) == "match" and "openvino" in r["torchscript"]]
     if in_openvino:
@@ -93,7 +107,8 @@ def table(results: Path) -> str:
             why = (value if isinstance(value, str) else f"max relative difference {value['max_rel_diff']:.2g}, "
                    f"{value['integer_mismatches']} unequal integers, {value.get('differing_rows', 0)} differing rows")
             why = " ".join(why.split())[:200].replace("|", "\\|") if why else ""
-        lines.append(f"| {r['config']} | {s} | {why} | {', '.join(r.get('missing', []))} |")
+        lines.append(f"| {r['config']} | {s}{' (earlier run)' if r.get('earlier') else ''} | {why} | "
+                     f"{', '.join(r.get('missing', []))} |")
     return "\n".join(lines)
 
 
@@ -103,9 +118,11 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="configs folders to run (default: all)")
     parser.add_argument("--again", action="store_true", help="run the --only folders even if already done")
     parser.add_argument("--table", action="store_true", help="print the summary table and stop")
+    parser.add_argument("--earlier", type=Path, help="with --table: an earlier run's results, for the folders "
+                        "the results file lacks")
     args = parser.parse_args()
     if args.table:
-        print(table(args.results))
+        print(table(args.results, args.earlier))
         return
     python = envs.python_with("mmdet-3.3.0", test_mmdet.MMDET, on_top=True)
     configs = Path(subprocess.run([str(python), "-c", "import mmdet, pathlib; "

@@ -62,20 +62,31 @@ def _openvino():
     return openvino
 
 
-def extension_paths(extra: Sequence[str | os.PathLike] = ()) -> list[Path]:
-    """The OpenVINO side of every loaded op library, then `extra` (lib<name>_ov.so files)."""
-    missing = [lib.name for lib in loaded_libraries() if lib.openvino_path is None]
-    if missing:
-        raise OpbridgeError(f"op librar{'ies' if len(missing) > 1 else 'y'} {', '.join(missing)} "
-                            "ha{} no OpenVINO side (lib<name>_ov.so): it is built where OpenVINO's CMake package is "
-                            f"found (pip install {OPENVINO}, then rebuild)".format("ve" if len(missing) > 1 else "s"))
-    paths = [lib.openvino_path for lib in loaded_libraries()]
+def extension_paths(extra: Sequence[str | os.PathLike] = (), domains: set[str] | None = None) -> list[Path]:
+    """The OpenVINO side of every loaded op library that has one, then `extra` (lib<name>_ov.so
+    files). A library without one (built without OpenVINO, or by load_inline) whose domain the
+    model uses (`domains`; None: any) is an error naming it."""
+    lacking = [lib.name for lib in loaded_libraries()
+               if lib.openvino_path is None and (domains is None or lib.domains & domains)]
+    if lacking:
+        raise OpbridgeError(f"op librar{'ies' if len(lacking) > 1 else 'y'} {', '.join(lacking)} "
+                            "ha{} no OpenVINO side (lib<name>_ov.so), and the model uses {}: it is built where "
+                            "OpenVINO's CMake package is found (pip install {}, then rebuild; load_inline does not "
+                            "build one yet)".format("ve" if len(lacking) > 1 else "s",
+                                                    "their ops" if len(lacking) > 1 else "its ops", OPENVINO))
+    paths = [lib.openvino_path for lib in loaded_libraries() if lib.openvino_path is not None]
     for given in extra:
         path = Path(given).resolve()
         if not path.is_file():
             raise OpbridgeError(f"libraries: OpenVINO extension library not found: {path}")
         paths.append(path)
     return paths
+
+
+def _domains(proto: onnx.ModelProto) -> set[str]:
+    """Every node domain of the model, its functions' included."""
+    nodes = [*proto.graph.node, *(n for f in proto.functions for n in f.node)]
+    return {n.domain or "ai.onnx" for n in nodes}
 
 
 def _read(core, model, proto: onnx.ModelProto):
@@ -102,10 +113,10 @@ class OpenVINOSession:
                  libraries: Sequence[str | os.PathLike] = ()):
         ov = _openvino()
         core = ov.Core()
-        for path in extension_paths(libraries):
-            core.add_extension(str(path))
         proto = model if isinstance(model, onnx.ModelProto) else \
             onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(os.fspath(model), load_external_data=False)
+        for path in extension_paths(libraries, _domains(proto)):
+            core.add_extension(str(path))
         self._inputs = _node_args(proto.graph.input)
         self._outputs = _node_args(proto.graph.output)
         try:
