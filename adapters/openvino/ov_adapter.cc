@@ -31,6 +31,7 @@
 #include "opbridge/prepare.h"
 #include "opbridge/registry.h"
 #include "opbridge/shape_infer.h"
+#include "opbridge/thread_lease.h"
 
 namespace opbridge {
 
@@ -276,17 +277,10 @@ class OpNode final : public ov::op::Op {
   bool has_evaluate() const override { return true; }
 
   bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override {
-    // Storage kept per thread, so that a warm call allocates nothing of its own (a call that finds
-    // it in use, never expected, takes fresh storage): for a small op the allocations were most of
-    // the adapter's per-call cost.
+    // Storage kept per thread: for a small op the allocations were most of the per-call cost.
     thread_local Buffers kept;
-    Buffers fresh;
-    Buffers& b = kept.in_use ? fresh : kept;
-    b.in_use = true;
-    struct Release {
-      Buffers& b;
-      ~Release() { b.in_use = false; }
-    } release{b};
+    ThreadLease<Buffers> lease(kept);
+    Buffers& b = lease.get();
     const size_t n_in = op_.inputs.size();
     b.views.resize(n_in);
     b.args.assign(n_in, nullptr);

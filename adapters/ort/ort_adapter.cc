@@ -24,6 +24,7 @@
 #include "opbridge/kernel_call.h"
 #include "opbridge/prepare.h"
 #include "opbridge/registry.h"
+#include "opbridge/thread_lease.h"
 
 namespace opbridge {
 namespace {
@@ -316,13 +317,8 @@ struct ComputeBuffers {
 
 void compute(const Kernel& k, OrtKernelContext* ctx) {
   thread_local ComputeBuffers kept;
-  ComputeBuffers fresh;
-  ComputeBuffers& b = kept.in_use ? fresh : kept;
-  b.in_use = true;
-  struct Release {
-    ComputeBuffers& b;
-    ~Release() { b.in_use = false; }
-  } release{b};
+  ThreadLease<ComputeBuffers> lease(kept);
+  ComputeBuffers& b = lease.get();
   const OpSpec& op = *k.spec;
   size_t n_in = 0;
   check(g_api->KernelContext_GetInputCount(ctx, &n_in));
