@@ -4,7 +4,7 @@
 
 builds the model with random weights in eval mode (its code untouched), exports it with both
 exporters through opbridge.export (which applies the substitutions), runs each export in ONNX
-Runtime and writes a report: per exporter, the largest differences to eager (the model's own
+Runtime and in OpenVINO and writes a report: per exporter, the largest differences to eager (the model's own
 path where it can run on a CPU, and on opbridge's ops), the opbridge nodes written, and eager (on
 opbridge's ops) and ONNX Runtime timed in interleaved rounds (medians, and the median ratio with
 its spread). tests/python/test_models.py judges it.
@@ -310,11 +310,13 @@ def _outputs(out) -> list[np.ndarray]:
     return [t.numpy() for t in ((out,) if isinstance(out, torch.Tensor) else out)]
 
 
-def _interleaved(model, args, sessions: dict, rounds: int = 9) -> dict:
-    """Eager (on opbridge's ops) and each exporter's ONNX Runtime session timed in turn, round after
-    round, so that a noisy machine slows both alike: median times, and per exporter the median of
-    the rounds' eager / ONNX Runtime ratios with their spread."""
-    runs = {"eager": lambda: model(*args), **{k: (lambda s=s, f=f: s.run(None, f)) for k, (s, f) in sessions.items()}}
+def _interleaved(model, args, sessions: dict, openvino: dict, rounds: int = 9) -> dict:
+    """Eager (on opbridge's ops), each exporter's ONNX Runtime session and its OpenVINO one timed in
+    turn, round after round, so that a noisy machine slows all alike: median times, and per
+    exporter the median of the rounds' eager / ONNX Runtime and ONNX Runtime / OpenVINO ratios
+    with their spread."""
+    runs = {"eager": lambda: model(*args), **{k: (lambda s=s, f=f: s.run(None, f)) for k, (s, f) in sessions.items()},
+            **{("openvino", k): (lambda s=s, f=f: s.run(None, f)) for k, (s, f) in openvino.items()}}
     times: dict = {k: [] for k in runs}
     with torch.no_grad(), opbridge.substitutions(model):
         for fn in runs.values():
@@ -329,7 +331,41 @@ def _interleaved(model, args, sessions: dict, rounds: int = 9) -> dict:
         ratios = sorted(e / o for e, o in zip(times["eager"], times[k]))
         out[k] = {"ort_ms": statistics.median(times[k]) * 1e3, "speedup": statistics.median(ratios),
                   "speedup_spread": [ratios[0], ratios[-1]]}
+        if k in openvino:
+            ratios = sorted(o / v for o, v in zip(times[k], times[("openvino", k)]))
+            out[k].update({"openvino_ms": statistics.median(times[("openvino", k)]) * 1e3,
+                           "ort_over_openvino": statistics.median(ratios),
+                           "ort_over_openvino_spread": [ratios[0], ratios[-1]]})
     return out
+
+
+def _run_against(sess, inputs, want: list[np.ndarray], prefix: str = "") -> dict:
+    """A session's outputs at `inputs` against eager's `want`: the largest difference, and whether
+    the integer outputs (indices, edges) are equal."""
+    got = sess.run(None, {i.name: t.numpy() for i, t in zip(sess.get_inputs(), tensor_leaves(inputs))})
+    if any(g.shape != w.shape for g, w in zip(got, want)):
+        raise AssertionError(f"{prefix or 'at the example'}: shapes {[g.shape for g in got]}, "
+                             f"eager {[w.shape for w in want]}")
+    return {f"{prefix}vs_substituted": max(float(np.abs(g - w).max()) if g.size else 0.0 for g, w in zip(got, want)),
+            f"{prefix}integers_equal": all(np.array_equal(g, w) for g, w in zip(got, want)
+                                           if np.issubdtype(w.dtype, np.integer))}
+
+
+def _in_openvino(model, proto, args, substituted: list[np.ndarray], second, timed: dict, exporter: str) -> dict:
+    """The same export in OpenVINO (opbridge.session(..., runtime="openvino")), against eager on
+    opbridge's ops as ONNX Runtime is: at the example and at the second inputs. The session goes
+    into `timed` under the exporter's name."""
+    try:
+        sess = opbridge.session(proto, runtime="openvino")
+        out = _run_against(sess, args, substituted)
+        timed[exporter] = (sess, {i.name: t.numpy() for i, t in zip(sess.get_inputs(), tensor_leaves(args))})
+        if second is not None:
+            with torch.no_grad(), opbridge.substitutions(model):
+                want = _outputs(model(*second))
+            out.update(_run_against(sess, second, want, "second_"))
+        return out
+    except Exception as e:  # noqa: BLE001 - the report says what failed; the test decides
+        return {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"}
 
 
 def _median_ms(fn, runs: int = 5) -> float:
@@ -364,7 +400,7 @@ def main(name: str, report_path: str) -> None:
     if original is None:
         report["original_fails"] = why
         original = substituted
-    sessions = {}
+    sessions, in_openvino = {}, {}
     for exporter in opbridge.EXPORTERS:
         entry = report["exports"][exporter] = {}
         try:
@@ -406,9 +442,10 @@ def main(name: str, report_path: str) -> None:
                         checked = opbridge.verify(model, second, proto)
                     entry["second_verify_ran"] = not checked.cannot_run
                     entry["second_verify_max_abs"] = max((o.max_abs for o in checked.outputs), default=None)
+            entry["openvino"] = _in_openvino(model, proto, args, substituted, second, in_openvino, exporter)
         except Exception as e:  # the report says what failed; the test decides
             entry["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
-    timing = _interleaved(model, args, sessions)
+    timing = _interleaved(model, args, sessions, in_openvino)
     report["eager_ms"] = timing.pop("eager_ms")
     for exporter, figures in timing.items():
         report["exports"][exporter].update(figures)

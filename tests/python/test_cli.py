@@ -194,6 +194,7 @@ LAUNCH = ("import atexit, sys, _opbridge_cli; atexit.register(lambda: print('tor
 def test_commands_that_need_no_torch_never_import_it(exported, tmp_path):
     exported = exported[0]
     for args, torch_imported in ((["--version"], False), (["inspect", exported], False),
+                                 (["inspect", exported, "--runtime", "openvino", "--session"], False),
                                  (["graph", exported, "-o", tmp_path / "g.dot"], False),
                                  (["triton", exported, "--repository", tmp_path / "repo"], False),
                                  (["ops", "--json"], True)):
@@ -272,6 +273,17 @@ def test_verify_reports_a_mismatch(exported, work):
     assert "FAIL: mismatch in out1" in r.stdout
 
 
+def test_verify_in_openvino_names_it(exported, work):
+    path, _ = exported
+    r = run("verify", path, "--torch", work / "blocks.py:Shifted", "--runtime", "openvino", "--input", "x=5x8:float32",
+            "--input", "y=5x8:float32")
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.startswith("OpenVINO vs PyTorch eager") and "compiling" in r.stderr
+    out1 = next(ln for ln in r.stdout.splitlines() if ln.startswith("out1"))
+    assert "MISMATCH" in out1 and "1.000e-03" in out1 and ": OpenVINO " in out1
+    assert "ONNX Runtime" not in r.stdout + r.stderr
+
+
 # --- inspect -----------------------------------------------------------------------------------
 
 
@@ -304,6 +316,48 @@ def test_inspect_table(exported):
     assert row.split()[:5] == ["opbridge", "DualResidual", "1", "1", "opbridge"]
     assert "IR version" in r.stdout and re.search(r"opsets\s+ai.onnx \d+, opbridge 1", r.stdout)
     assert r.stdout.rstrip().splitlines()[-1].startswith("OK:")
+
+
+def test_inspect_for_openvino(exported, tmp_path):
+    path, _ = exported
+    code, data, r = inspect_json(path, "--runtime", "openvino", "--session")
+    assert code == 0 and data["runnable"] and data["session"] == {"ok": True, "error": None}, r.stderr
+    assert statuses(data) == {("opbridge", "MyAdd"): "opbridge", ("opbridge", "DualResidual"): "opbridge",
+                              ("ai.onnx", "Asinh"): "openvino"}
+    assert data["runtime"].startswith("openvino 2026.")
+    (lib,) = [lib for lib in data["opbridge_libraries"] if lib["name"] == "opbridge"]
+    assert lib["openvino_library"].endswith("libopbridge_ov.so")
+    assert {"my_add", "dual_residual"} <= set(lib["openvino_ops"])
+    opbridge.session(path, runtime="openvino")  # the oracle: OpenVINO compiles it
+    r = run("inspect", path, "--runtime", "openvino", "--session")
+    assert r.returncode == 0 and "session: OpenVINO compiled the model for the CPU" in r.stdout
+    assert re.search(r"opbridge \(opbridge; libopbridge_ov.so, \d+ ops\)", r.stdout)
+    assert r.stdout.rstrip().splitlines()[-1].startswith("OK: openvino 2026.")
+    # A domain nothing provides: MISSING, as OpenVINO's own refusal says.
+    nope = helper.make_model(helper.make_graph(
+        [helper.make_node("Nope", ["x"], ["y"], domain="com.example")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    code, data, _ = inspect_json(save(nope, tmp_path / "nope.onnx"), "--runtime", "openvino")
+    assert code == 1 and statuses(data) == {("com.example", "Nope"): "MISSING"}
+    assert "no runtime reads com.example::Nope in OpenVINO" in data["ops"][0]["advice"]
+    with pytest.raises(opbridge.OpbridgeError, match="com.example.Nope"):
+        opbridge.session(nope, runtime="openvino")
+    # An op's check on static shapes: OpenVINO runs it as it converts the node, naming the op and
+    # the node; the compile (--session) refuses the model too.
+    pool = helper.make_model(helper.make_graph(
+        [helper.make_node("RoiAlign", ["x", "rois"], ["y"], domain="opbridge", name="pool", output_size=[2, 2])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4]),
+         helper.make_tensor_value_info("rois", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("opbridge", 1)])
+    code, data, r = inspect_json(save(pool, tmp_path / "pool.onnx"), "--runtime", "openvino", "--session")
+    assert code == 1 and statuses(data) == {("opbridge", "RoiAlign"): "MISSING"}, r.stdout
+    assert data["ops"][0]["advice"].endswith("failed to convert opbridge::RoiAlign node 'pool': opbridge::roi_align "
+                                             "(node 'pool'): rois must be (K, 5): batch index, x1, y1, x2, y2, got 4")
+    assert not data["session"]["ok"] and "opbridge::roi_align (node 'pool')" in data["session"]["error"]
+    with pytest.raises(opbridge.OpbridgeError, match=r"opbridge::roi_align \(node 'pool'\): rois must be"):
+        opbridge.session(pool, runtime="openvino")
 
 
 @pytest.mark.parametrize("name", ["test_deform_conv_with_mask_bias", "test_basic_deform_conv_without_padding"])

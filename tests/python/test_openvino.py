@@ -6,6 +6,8 @@ errors of each stage, each naming the op and the node."""
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import onnx
 import pytest
@@ -13,6 +15,7 @@ import torch
 from onnx import helper
 
 import opbridge
+from opbridge._runtime.inspect import analyze
 from opbridge._runtime.own_nodes import with_own_nodes
 
 opbridge.load_torch()
@@ -80,6 +83,28 @@ def test_session_answers_as_onnxruntimes_does(detection_model):
 def test_verify_runs_in_openvino(detection_model):
     report = opbridge.verify(Detection(), detection_inputs(30, 5, 2), detection_model, runtime="openvino")
     assert report.ok, report.table()
+
+
+class Wrong(Detection):
+    """Not what was exported: NMS's first index off by one, and the pooled features off by one at
+    every number of RoIs but the example's (5), which only the second-size proof sees."""
+
+    def forward(self, boxes, scores, feats, rois):
+        keep, pooled, added = super().forward(boxes, scores, feats, rois)
+        keep = keep.clone()
+        keep[0] += 1
+        return keep, pooled + float(rois.shape[0] != 5), added
+
+
+@pytest.mark.parametrize("runtime,name,other", [("openvino", "OpenVINO", "ONNX Runtime"),
+                                                ("onnxruntime", "ONNX Runtime", "OpenVINO")])
+def test_verify_names_the_runtime_that_ran(detection_model, runtime, name, other):
+    report = opbridge.verify(Wrong(), detection_inputs(30, 5, 2), detection_model, runtime=runtime)
+    assert not report.ok and report.runtime == name
+    keep = report.outputs[0]
+    assert not keep.ok and f"worst at [0]: {name} {keep.got}, PyTorch {keep.want} (off by 1)" in keep.note
+    assert not report.second_size_ok and f"in {name}, " in report.second_size, report.second_size
+    assert other not in report.table(), report.table()
 
 
 def test_runtime_and_options_are_checked(detection_model):
@@ -202,3 +227,117 @@ def test_convert_model_takes_a_size_computed_attribute_as_an_input():
         got = compiled([xyz.numpy()])[compiled.outputs[0]]
         assert got.shape == (2, n // 4)
         np.testing.assert_array_equal(got, Sampling()(xyz).numpy())
+
+
+def statuses(model: onnx.ModelProto, path: str = "") -> dict:
+    """inspect's verdict for OpenVINO per (domain, op type)."""
+    return {(u.domain, u.op_type): u.verdict for u in analyze(model, path, runtime="openvino").ops}
+
+
+def test_inspect_for_openvino_inlines_the_models_functions(tmp_path):
+    body = [helper.make_node("Add", ["a", "a"], ["b"])]
+    function = helper.make_function("local", "Twice", ["a"], ["b"], body, [helper.make_opsetid("", 17)])
+    graph = helper.make_graph([helper.make_node("Twice", ["x"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
+                              functions=[function])
+    onnx.save(model, tmp_path / "f.onnx")
+    for path in ("", str(tmp_path / "f.onnx")):  # read from the file, or from the model in memory
+        got = {k: v.status for k, v in statuses(model, path).items()}
+        assert got == {("local", "Twice"): "model function", ("", "Add"): "openvino"}, (path, got)
+    x = np.array([1.5, -2], np.float32)
+    np.testing.assert_array_equal(opbridge.session(model, runtime="openvino").run(None, {"x": x})[0], 2 * x)
+
+
+def test_inspect_for_openvino_reads_deform_conv_as_opbridges_node(tmp_path):
+    # Judged against OpenVINO itself: a session compiles exactly where inspect finds nothing missing.
+    proto = opbridge.export(Deform(), deform_inputs(2, 0), tmp_path / "deform.onnx", exporter="torchscript", opset=19)
+    assert statuses(proto)[("", "DeformConv")].status == "opbridge (own node)"
+    assert "op deform_conv2d of library opbridge" in statuses(proto)[("", "DeformConv")].detail
+    opbridge.session(proto, runtime="openvino")
+    asymmetric = _deform_conv_node(pads=[1, 2, 0, 2], strides=[1, 1], dilations=[1, 1], group=1, offset_group=1)
+    verdict = statuses(asymmetric)[("", "DeformConv")]
+    assert verdict.missing and "'padding' two values" in verdict.advice
+    with pytest.raises(opbridge.OpbridgeError, match="'padding' two values"):
+        opbridge.session(asymmetric, runtime="openvino")
+
+
+def test_inspect_for_openvino_names_a_node_whose_conversion_fails():
+    # The TorchScript exporter's squeeze of a dynamic axis: If(size == 1, Squeeze, Identity), whose
+    # rank OpenVINO's frontend cannot know; its Conv then fails to convert (ONNX Runtime runs it).
+    T = onnx.TensorProto
+    then = helper.make_graph([helper.make_node("Squeeze", ["x", "axis"], ["s"])], "then", [],
+                             [helper.make_tensor_value_info("s", T.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["i"])], "else", [],
+                              [helper.make_tensor_value_info("i", T.FLOAT, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "axis"], ["size"]),
+             helper.make_node("Equal", ["size", "one"], ["is_one"]),
+             helper.make_node("If", ["is_one"], ["y"], then_branch=then, else_branch=other),
+             helper.make_node("Conv", ["y", "w"], ["z"], name="conv")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, 4, "n", 3])],
+                              [helper.make_tensor_value_info("z", T.FLOAT, None)],
+                              [helper.make_tensor("axis", T.INT64, [1], [2]),
+                               helper.make_tensor("one", T.INT64, [1], [1]),
+                               helper.make_tensor("w", T.FLOAT, [2, 4, 1, 1], [1.0] * 8)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    verdict = statuses(model)[("", "Conv")]
+    assert verdict.missing and "failed to convert ai.onnx::Conv node 'conv': The input data tensor's rank" in \
+        verdict.advice, verdict
+    with pytest.raises(opbridge.OpbridgeError, match="Conv"):
+        opbridge.session(model, runtime="openvino")
+    x = np.ones((1, 4, 5, 3), np.float32)
+    np.testing.assert_array_equal(opbridge.session(model).run(None, {"x": x})[0], np.full((1, 2, 5, 3), 4, np.float32))
+
+
+# An op library load_inline builds: it has no OpenVINO side (yet).
+INLINE = textwrap.dedent("""\
+    #include <opbridge/op.h>
+
+    namespace ovless {
+    using namespace opbridge;
+
+    void twice_kernel(KernelContext& ctx, const TensorView& x, TensorView& y) {
+      const float* px = x.data_as<float>();
+      float* py = y.data_as<float>();
+      for (int64_t i = 0; i < x.numel(); ++i) py[i] = 2 * px[i];
+    }
+
+    OPBRIDGE_OP(twice)
+        .doc("2 x")
+        .types("T", {DType::Float32})
+        .input("x", "T", "operand")
+        .output("y", "T", shape::same({"x"}), "2 x")
+        .cpu(twice_kernel);
+    }  // namespace ovless
+    """)
+
+
+class Twice(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.ovless.twice(x)
+
+
+def test_a_library_without_openvino_side_stops_only_the_models_using_it(detection_model, tmp_path):
+    lib = opbridge.load_inline("ovless", INLINE, build_directory=tmp_path / "jit")
+    assert lib.ort_path is not None and lib.openvino_path is None
+    # A model of other libraries' ops runs in OpenVINO with it loaded.
+    args = detection_inputs(40, 6, 4)
+    got = opbridge.session(detection_model, runtime="openvino").run(None, dict(zip(NAMES, [t.numpy() for t in args])))
+    for g, w in zip(got, Detection()(*args)):
+        np.testing.assert_array_equal(g, w.numpy())
+    assert statuses(onnx.load(detection_model))[("opbridge", "Nms")].status == "opbridge"
+    # A model using its op is refused by name (ONNX Runtime, with the library's side for it, runs it).
+    x = torch.randn(3, 4)
+    path = tmp_path / "twice.onnx"
+    opbridge.export(Twice(), (x,), path)
+    np.testing.assert_array_equal(opbridge.session(path).run(None, {"x": x.numpy()})[0], (2 * x).numpy())
+    with pytest.raises(opbridge.OpbridgeError, match=r"op library ovless has no OpenVINO side \(lib<name>_ov.so\), "
+                                                     "and the model uses its ops"):
+        opbridge.session(path, runtime="openvino")
+    report = opbridge.verify(Twice(), (x,), path, runtime="openvino")
+    assert not report.ok and report.runtime == "OpenVINO"
+    assert report.cannot_run.startswith("ovless::Twice (1 node): ovless::Twice: op library 'ovless' has no "
+                                        "OpenVINO side")
+    verdict = statuses(onnx.load(path))[("ovless", "Twice")]
+    assert verdict.missing and "op library 'ovless' has no OpenVINO side" in verdict.advice

@@ -1,3 +1,3 @@
-"""The runtime wing: ONNX Runtime with opbridge's libraries — sessions (session), what the
-installed runtime can run (inspect), and ONNX Runtime against PyTorch eager (verify). Built on the
-library wing; only verify imports PyTorch."""
+"""The runtime wing: ONNX Runtime and OpenVINO with opbridge's libraries — sessions (session,
+openvino), what the installed runtime can run (inspect), and a runtime against PyTorch eager
+(verify). Built on the library wing; only verify imports PyTorch."""

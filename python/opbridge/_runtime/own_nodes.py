@@ -19,7 +19,7 @@ from .._library.manifest import ExportRule, OpInfo
 from .._library.registry import libraries as loaded_libraries
 
 
-def _rule_for(op_type: str, opset: int) -> tuple[OpInfo, ExportRule] | None:
+def rule_for(op_type: str, opset: int) -> tuple[OpInfo, ExportRule] | None:
     """The op with its own node and a standard rule that writes `op_type` at `opset`."""
     for lib in loaded_libraries():
         for op in lib.ops:
@@ -94,7 +94,7 @@ def with_own_nodes(model: onnx.ModelProto, op_types: set[str]) -> onnx.ModelProt
     out.CopyFrom(model)
     domains = {}
     for k, node in enumerate(out.graph.node):
-        found = _rule_for(node.op_type, opset) if node.domain in ("", "ai.onnx") and node.op_type in op_types else None
+        found = rule_for(node.op_type, opset) if node.domain in ("", "ai.onnx") and node.op_type in op_types else None
         if found:
             op, rule = found
             out.graph.node[k].CopyFrom(own_node(node, op, rule))

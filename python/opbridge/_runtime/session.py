@@ -93,6 +93,16 @@ def session(
         raise OpbridgeError(why) from e
 
 
+# How messages name each runtime of opbridge.session(runtime=...).
+RUNTIME_NAMES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}
+
+
+def runtime_name(sess) -> str:
+    """The runtime a session of opbridge.session runs in, as messages name it."""
+    from .openvino import OpenVINOSession
+    return RUNTIME_NAMES["openvino" if isinstance(sess, OpenVINOSession) else "onnxruntime"]
+
+
 def unknown_domain(message: str, model: str | bytes | None = None) -> str | None:
     """Why ONNX Runtime refused a model that has a node of a custom domain no registered library
     provides (or an op a loaded library lacks), told from the model and the runtime's schema

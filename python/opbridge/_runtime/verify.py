@@ -1,4 +1,4 @@
-"""opbridge.verify: ONNX Runtime against PyTorch eager on the same inputs."""
+"""opbridge.verify: a runtime (ONNX Runtime, or OpenVINO) against PyTorch eager on the same inputs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .._library.kinds import positional, tensor_leaves
 from .inspect import cannot_run, clean_ort_message
 from .feeds import match_inputs
 from .second_size import prove
-from .session import session
+from .session import RUNTIME_NAMES, runtime_name, session
 
 
 @dataclasses.dataclass
@@ -33,10 +33,11 @@ class OutputDiff:
     # Where the worst of them is (its multi-index; the first such element on ties) and the two
     # values there; None when nothing mismatches or the shapes or dtypes differ.
     index: tuple[int, ...] | None = None
-    got: Any = None  # ONNX Runtime's value there
+    got: Any = None  # the runtime's value there
     want: Any = None  # PyTorch's
     # Why the values were not compared ("random by declaration: <op> with <attr>=1"); "": compared.
     random: str = ""
+    runtime: str = "ONNX Runtime"  # the runtime that computed `got`, as the note names it
 
 
 @dataclasses.dataclass
@@ -44,7 +45,7 @@ class VerifyReport:
     outputs: list[OutputDiff]
     rtol: float
     atol: float
-    # Why ONNX Runtime cannot run the model at all (no outputs then); "" when it ran.
+    # Why the runtime cannot run the model at all (no outputs then); "" when it ran.
     cannot_run: str = ""
     # Inputs of the call that the exported graph does not have (an exporter drops an input the
     # graph never reads); matched by name, the others were fed.
@@ -53,6 +54,7 @@ class VerifyReport:
     # it was not asked for), and whether it held.
     second_size: str = ""
     second_size_ok: bool = True
+    runtime: str = "ONNX Runtime"  # the runtime that ran the model, as messages name it
 
     @property
     def ok(self) -> bool:
@@ -80,8 +82,9 @@ class VerifyReport:
         return self.table()
 
 
-def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> OutputDiff:
-    """Compares one ONNX Runtime output with its PyTorch reference: integers and bools exactly,
+def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: float,
+            runtime: str = "ONNX Runtime") -> OutputDiff:
+    """Compares one output of `runtime` with its PyTorch reference: integers and bools exactly,
     floating point within atol + rtol * |want|. A mismatch says how many elements are out, where
     the worst one is and both values there."""
     if got.shape != want.shape:
@@ -91,7 +94,7 @@ def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: flo
     if got.size == 0:
         return OutputDiff(name, want.shape, str(want.dtype), 0.0, 0.0, True)
     if want.dtype.kind in "biu":
-        return _compare_exact(name, got, want)
+        return _compare_exact(name, got, want, runtime)
     g, w = got.astype(np.float64), want.astype(np.float64)
     same_nan = np.isnan(g) == np.isnan(w)
     # Equal values (infinities included) and NaN against NaN differ by nothing.
@@ -102,30 +105,31 @@ def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: flo
     with np.errstate(invalid="ignore"):  # rtol * inf is NaN for rtol=0: equal values pass anyway
         bad = ~(same_nan & ((diff == 0) | (diff <= atol + rtol * np.abs(w))))
     new_nans = int(np.count_nonzero(np.isnan(g) & ~np.isnan(w)))
-    # A NaN only ONNX Runtime gives is most often a guard the graph lost on the way (x + 1e-8
+    # A NaN only the runtime gives is most often a guard the graph lost on the way (x + 1e-8
     # folded into x): say where to look.
     nan_note = (f"{new_nans} NaN where PyTorch has none: a graph optimisation may have dropped a guard such as "
                 "`+ 1e-8`; export with optimize=False to check" if new_nans else "")
-    out = OutputDiff(name, want.shape, str(want.dtype), max_abs, max_rel, not bad.any(), nan_note)
+    out = OutputDiff(name, want.shape, str(want.dtype), max_abs, max_rel, not bad.any(), nan_note, runtime=runtime)
     if bad.any():  # the worst element out of tolerance; a NaN on one side only counts as the worst
         _locate(out, bad, np.where(bad, np.nan_to_num(diff, nan=np.inf), -1.0), got, want)
         out.note = "; ".join(n for n in (_where(out), nan_note) if n)
     return out
 
 
-def _compare_exact(name: str, got: np.ndarray, want: np.ndarray) -> OutputDiff:
+def _compare_exact(name: str, got: np.ndarray, want: np.ndarray, runtime: str) -> OutputDiff:
     """Integers and bools: any difference is a mismatch (a float rule would pass an index off by
     one once it is >= 1 / rtol)."""
     bad = got != want
     if want.dtype.kind == "b":
-        out = OutputDiff(name, want.shape, str(want.dtype), float(bad.any()), float(bad.any()), not bad.any())
+        out = OutputDiff(name, want.shape, str(want.dtype), float(bad.any()), float(bad.any()), not bad.any(),
+                         runtime=runtime)
         if bad.any():
             _locate(out, bad, bad.astype(np.float64), got, want)
             out.note = _where(out)
         return out
     # Ranked in float64 (exact up to 2**53); the reported difference is exact.
     diff = np.where(bad, np.abs(got.astype(np.float64) - want.astype(np.float64)), -1.0)
-    out = OutputDiff(name, want.shape, str(want.dtype), 0.0, 0.0, not bad.any())
+    out = OutputDiff(name, want.shape, str(want.dtype), 0.0, 0.0, not bad.any(), runtime=runtime)
     if bad.any():
         _locate(out, bad, diff, got, want)
         out.max_abs = float(abs(out.got - out.want))
@@ -148,7 +152,7 @@ def _where(out: OutputDiff) -> str:
         by = f" (off by {abs(out.got - out.want):g})" if isinstance(out.got, float) else \
             f" (off by {abs(out.got - out.want)})"
     return (f"{out.mismatches} of {total} elements differ; worst at {list(out.index)}: "
-            f"ONNX Runtime {out.got!r}, PyTorch {out.want!r}{by}")
+            f"{out.runtime} {out.got!r}, PyTorch {out.want!r}{by}")
 
 
 def compare_random(name: str, got: np.ndarray, want: np.ndarray, why: str, shape_why: str = "") -> OutputDiff:
@@ -276,8 +280,8 @@ def verify(
     runtime: str = "onnxruntime",
 ) -> VerifyReport:
     """Runs torch eager and ONNX Runtime on the same inputs; reports the largest absolute and
-    relative difference per output. A model ONNX Runtime cannot load gives a report that is not
-    ok and says why (`cannot_run`) instead of ONNX Runtime's exception. The tensors of args and
+    relative difference per output. A model the runtime cannot load gives a report that is not
+    ok and says why (`cannot_run`) instead of the runtime's exception. The tensors of args and
     kwargs (nested ones too, in order) feed the graph inputs in order. Where the graph has fewer
     inputs (an exporter dropped one it never reads), they are matched by name: `input_names` as
     given to export, else the names of forward's parameters that take a tensor; the report lists
@@ -287,7 +291,8 @@ def verify(
     proves them (prove_dynamic; check_args / check_kwargs give the inputs, else they are derived):
     the report's `second_size` says what ran, and a failure there makes the report not ok.
 
-    runtime="openvino" runs the model in OpenVINO instead (opbridge.session's runtime=)."""
+    runtime="openvino" runs the model in OpenVINO instead (opbridge.session's runtime=); `sess`,
+    when given, is the runtime's session. The report and its messages name the runtime that ran."""
     args = positional(args)
     kwargs = kwargs or {}
     if sess is None:
@@ -295,7 +300,9 @@ def verify(
             sess = session(onnx_model, runtime=runtime)
         except (OpbridgeError, ort.capi.onnxruntime_pybind11_state.Fail,
                 ort.capi.onnxruntime_pybind11_state.NotImplemented, ort.capi.onnxruntime_pybind11_state.InvalidGraph) as e:
-            return VerifyReport([], rtol, atol, _why_not(onnx_model, e))
+            return VerifyReport([], rtol, atol, _why_not(onnx_model, e, runtime),
+                                runtime=RUNTIME_NAMES.get(runtime, runtime))
+    name = runtime_name(sess)
     tensors = tensor_leaves((args, kwargs))
     try:
         pairs, dropped = match_inputs([i.name for i in sess.get_inputs()], model, args, kwargs, input_names)
@@ -306,10 +313,11 @@ def verify(
     feeds = {n: tensors[k].detach().cpu().contiguous().numpy() for n, k in pairs}
     got = sess.run(None, feeds)
     if len(got) != len(want):
-        raise OpbridgeError(f"verify: ONNX Runtime returned {len(got)} outputs, PyTorch {len(want)}")
+        raise OpbridgeError(f"verify: {name} returned {len(got)} outputs, PyTorch {len(want)}")
     out_names = [o.name for o in sess.get_outputs()]
     graph = _graph(onnx_model)
-    report = VerifyReport(compare_outputs(out_names, got, want, rtol, atol, graph), rtol, atol, dropped_inputs=dropped)
+    report = VerifyReport(compare_outputs(out_names, got, want, rtol, atol, graph, name), rtol, atol,
+                          dropped_inputs=dropped, runtime=name)
     if prove_dynamic and graph is not None:
         try:
             proof = prove(model, args, kwargs, graph, sess=sess, check_args=check_args, check_kwargs=check_kwargs,
@@ -322,11 +330,11 @@ def verify(
 
 
 def compare_outputs(names: list[str], got: list[np.ndarray], want: list[np.ndarray], rtol: float, atol: float,
-                    model: onnx.ModelProto | None = None) -> list[OutputDiff]:
-    """compare() per output, except that an output of `model` that is random by declaration
-    (random_outputs) is held to its dtype and shape only, saying why."""
+                    model: onnx.ModelProto | None = None, runtime: str = "ONNX Runtime") -> list[OutputDiff]:
+    """compare() per output (`got` computed by `runtime`), except that an output of `model` that
+    is random by declaration (random_outputs) is held to its dtype and shape only, saying why."""
     random = random_outputs(model) if model is not None else {}
-    return [compare_random(n, g, w, *random[n]) if n in random else compare(n, g, w, rtol, atol)
+    return [compare_random(n, g, w, *random[n]) if n in random else compare(n, g, w, rtol, atol, runtime)
             for n, g, w in zip(names, got, want)]
 
 
@@ -343,13 +351,13 @@ def _graph(onnx_model) -> onnx.ModelProto | None:
         return None
 
 
-def _why_not(onnx_model, error: Exception) -> str:
-    """Why ONNX Runtime refused the model: inspect's verdict per node it cannot run, else the
-    runtime's own words."""
+def _why_not(onnx_model, error: Exception, runtime: str) -> str:
+    """Why the runtime refused the model: inspect's verdict (for that runtime) per node it cannot
+    run, else the runtime's own words."""
     try:
         model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else (
             onnx.load_from_string(onnx_model) if isinstance(onnx_model, bytes) else onnx.load(os.fspath(onnx_model)))
-        problems = cannot_run(model)
+        problems = cannot_run(model, runtime=runtime)
     except Exception:  # noqa: BLE001 - the runtime's own message is still an answer
         problems = []
     return "; ".join(problems) if problems else clean_ort_message(str(error))

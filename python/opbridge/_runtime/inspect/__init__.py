@@ -13,7 +13,8 @@ onnxruntime's registry, and the IR version and opset imports are tried on ONNX R
 
 Layers, each importing only those above it: onnx_types (ONNX spellings), report (statuses and
 results), runtime (probing the installed ONNX Runtime), opbridge_nodes (what an op's shape rules
-and checks say about its nodes), checker (one node), analysis (the model).
+and checks say about its nodes), checker (one node), ov_frontend (for OpenVINO: its ONNX
+frontend asked instead), analysis (the model, for either runtime).
 """
 
 from .analysis import analyze, cannot_run, infer

@@ -6,6 +6,7 @@ from __future__ import annotations
 import onnx
 import onnxruntime as ort
 
+from ..._library.errors import OpbridgeError
 from ..._library.registry import libraries
 from .checker import Checker
 from .onnx_types import domain_name, graph_types, registry_domain, subgraphs, value_infos
@@ -39,7 +40,14 @@ def infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
                       "types of intermediate tensors are unknown"
 
 
-def analyze(model: onnx.ModelProto, path: str = "") -> ModelReport:
+def analyze(model: onnx.ModelProto, path: str = "", runtime: str = "onnxruntime") -> ModelReport:
+    """Who runs each node of the model in `runtime`: "onnxruntime" (the installed ONNX Runtime and
+    the loaded libraries' ONNX Runtime sides) or "openvino" (see ov_frontend)."""
+    if runtime == "openvino":
+        from .ov_frontend import analyze_openvino
+        return analyze_openvino(model, path)
+    if runtime != "onnxruntime":
+        raise OpbridgeError(f"inspect: runtime must be 'onnxruntime' or 'openvino', got {runtime!r}")
     inferred, note = infer(model)
     libs = libraries()
     checker = Checker(inferred, libs)
@@ -114,11 +122,11 @@ def analyze(model: onnx.ModelProto, path: str = "") -> ModelReport:
     )
 
 
-def cannot_run(model: onnx.ModelProto) -> list[str]:
-    """What the installed ONNX Runtime (with the loaded libraries) cannot run in this model, one
-    line per op (with the nodes' count and where) or header problem, each with inspect's advice;
-    empty when it can run everything."""
-    report = analyze(model)
+def cannot_run(model: onnx.ModelProto, runtime: str = "onnxruntime") -> list[str]:
+    """What the installed runtime (with the loaded libraries) cannot run in this model, one line
+    per op (with the nodes' count and where) or header problem, each with inspect's advice; empty
+    when it can run everything."""
+    report = analyze(model, runtime=runtime)
     lines = [f"{p.detail}: {p.advice}" for p in report.model_problems]
     for use in report.ops:
         if not use.verdict.missing:

@@ -13,6 +13,10 @@ ORT_FUNCTION = "onnxruntime (function)"
 OPBRIDGE = "opbridge"
 MODEL_FUNCTION = "model function"
 MISSING = "MISSING"
+# In OpenVINO (inspect's runtime="openvino"): read by OpenVINO's own ONNX frontend, or a standard
+# node it cannot read that is read as the opbridge op's own node (the op's export rule backwards).
+OPENVINO = "openvino"
+OWN_NODE = "opbridge (own node)"
 
 
 @dataclasses.dataclass
@@ -83,7 +87,7 @@ class ModelReport:
     initializers: int
     functions: list[dict]
     ops: list[OpUse]
-    model_problems: list[Verdict]  # IR version / opset imports ONNX Runtime refuses
+    model_problems: list[Verdict]  # IR version / opset imports the runtime refuses
     notes: list[str]
     runtime: str
     libraries: list[dict]

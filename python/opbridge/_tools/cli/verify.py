@@ -1,5 +1,5 @@
-"""`opbridge verify`: ONNX Runtime (with the opbridge libraries) against PyTorch eager on the
-same inputs."""
+"""`opbridge verify`: ONNX Runtime, or OpenVINO (with the opbridge libraries), against PyTorch
+eager on the same inputs."""
 
 from __future__ import annotations
 
@@ -22,14 +22,16 @@ from ._common import (
 from ._errors import CliError, UsageError, one_line
 
 NEEDS_TORCH = True
-HELP = "compare ONNX Runtime with PyTorch eager"
-DESCRIPTION = ("Runs the PyTorch model (FACTORY() from MODULE) and the ONNX model in ONNX Runtime with the "
-               "opbridge libraries on the same inputs; prints the per-output difference. Exit status 1 on "
+HELP = "compare ONNX Runtime (or OpenVINO) with PyTorch eager"
+DESCRIPTION = ("Runs the PyTorch model (FACTORY() from MODULE) and the ONNX model in ONNX Runtime (or "
+               "OpenVINO: --runtime openvino) with the opbridge libraries on the same inputs; prints the "
+               "per-output difference. Exit status 1 on "
                "mismatch. Inputs: from an .npz (keys = the model's input names, or arr_0, arr_1, ...), from "
                "--input specs (random), or random from the model's static input shapes.")
 EPILOG = """example:
   opbridge verify block.onnx --torch my_models.py:Block --input x=9x8:float32 --input y=9x8:float32
   opbridge verify block.onnx --torch my_models.py:Block --inputs batch.npz --rtol 1e-4 --atol 1e-5
+  opbridge verify block.onnx --torch my_models.py:Block --runtime openvino
 """
 
 
@@ -42,6 +44,8 @@ def add_arguments(c) -> None:
     c.add_argument("--rtol", type=tolerance, default=1e-5, help="relative tolerance (default 1e-5)")
     c.add_argument("--atol", type=tolerance, default=1e-6, help="absolute tolerance (default 1e-6)")
     c.add_argument("--seed", type=int, default=0, help="seed of random inputs (default 0)")
+    c.add_argument("--runtime", choices=("onnxruntime", "openvino"), default="onnxruntime",
+                   help="the runtime to run the ONNX model in (default onnxruntime)")
     c.add_argument("--no-prove-dynamic", action="store_true",
                    help="do not also run the model's dynamic axes at a second size (derived from the inputs)")
 
@@ -118,21 +122,26 @@ def run(args) -> int:
     load_libraries(args.library, args.jit)
     ob = opbridge_api()
     read_model(args.model)  # a clear error for a missing or malformed file
-    progress(f"creating an ONNX Runtime session for {args.model}")
+    from ..._runtime.session import RUNTIME_NAMES
+
+    name = RUNTIME_NAMES[args.runtime]
+    progress(f"creating an ONNX Runtime session for {args.model}" if args.runtime == "onnxruntime" else
+             f"compiling {args.model} with OpenVINO")
     try:
-        sess = ob.session(args.model)
+        sess = ob.session(args.model, runtime=args.runtime)
     except Exception as e:
         from ..._runtime import inspect as I
 
-        raise CliError(f"ONNX Runtime cannot load {args.model}: {I.clean_ort_message(str(e))} "
-                       f"(run 'opbridge inspect {args.model}')") from e
+        more = " --runtime openvino" if args.runtime == "openvino" else ""
+        raise CliError(f"{name} cannot load {args.model}: {I.clean_ort_message(str(e))} "
+                       f"(run 'opbridge inspect {args.model}{more}')") from e
     tensors = _verify_inputs(args, sess)
     for i, t in zip(sess.get_inputs(), tensors):
         given = _onnx_type(t)
         if given and i.type != given:
             raise CliError(f"input '{i.name}' is {i.type} in the model, the given data is {given}")
     model = build_model(args.torch)
-    progress("running PyTorch eager and ONNX Runtime")
+    progress(f"running PyTorch eager and {name}")
     try:
         report = ob.verify(model, tuple(tensors), args.model, rtol=args.rtol, atol=args.atol, sess=sess,
                            prove_dynamic=not args.no_prove_dynamic)
@@ -142,7 +151,7 @@ def run(args) -> int:
         from ..._runtime import inspect as I
 
         raise CliError(f"running the model failed: {I.clean_ort_message(one_line(e))}") from e
-    print(f"ONNX Runtime vs PyTorch eager (rtol {args.rtol:g}, atol {args.atol:g}), inputs: "
+    print(f"{name} vs PyTorch eager (rtol {args.rtol:g}, atol {args.atol:g}), inputs: "
           + ", ".join(f"{i.name} {list(t.shape)} {str(t.dtype).replace('torch.', '')}"
                       for i, t in zip(sess.get_inputs(), tensors)))
     print(report.table())
