@@ -202,16 +202,90 @@ def test_the_proof_leaves_the_model_as_it_was(exporter):
     # A model left in training mode: the proof's eager calls would update BatchNorm's statistics.
     model = TrainingBatchNorm().train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    _export(model, (torch.randn(6, 4),), exporter, input_names=["x"], dynamic_axes={"x": {0: "b"}})
+    if exporter == "torchscript":  # it traces in eval mode
+        _export(model, (torch.randn(6, 4),), exporter, input_names=["x"], dynamic_axes={"x": {0: "b"}})
+    else:  # the graph normalises by the running statistics, the model by the batch's: refused
+        with pytest.raises(opbridge.OpbridgeError, match="in training mode .* call model.eval()"):
+            _export(model, (torch.randn(6, 4),), exporter, input_names=["x"], dynamic_axes={"x": {0: "b"}})
     assert model.training and model.norm.training
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
 
 
 def test_a_value_eager_gives_as_infinite_or_nan_is_a_difference():
-    from opbridge._runtime.second_size import _gap
+    from opbridge._runtime.agreement import gap as _gap
 
     for want, got in (([1.0, np.inf, 5.0], [1.0, 3.0, 500.0]), ([np.nan, 5.0], [0.0, 500.0])):
         gap = _gap("y", np.array(got), np.array(want), 1e-5, 1e-6)
         assert gap.excess == np.inf, (want, got, gap)
     assert _gap("y", np.array([1.0, np.inf]), np.array([1.0, np.inf]), 1e-5, 1e-6).excess == 0.0
+
+
+class WriteThroughView(torch.nn.Module):
+    """Writes into x through a view of it (`y = x[..., :3]; y[..., 0] = ...`): eagerly x changes too,
+    the TorchScript exporter's graph changes only the copy it makes of y."""
+
+    def forward(self, x, c):
+        y = x[:, :, :3]
+        y[:, :, 0] = y[:, :, 0] - c.unsqueeze(1)
+        return torch.cat([x, y], -1)
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_a_graph_wrong_at_the_example_itself_is_refused_with_or_without_dynamic_axes(dynamic):
+    x, c = torch.rand(5, 4, 4), torch.rand(5)
+    axes = {"x": {0: "n"}, "c": {0: "n"}} if dynamic else None
+    with pytest.raises(opbridge.OpbridgeError, match=r"disagrees with eager in ONNX Runtime at the example's own "
+                                                     r"inputs:\n  output .* \[5, 4, 7\]: max abs diff .*\n.*through a view"):
+        _export(WriteThroughView(), (x, c), "torchscript", input_names=["x", "c"], dynamic_axes=axes)
+    # The dynamo exporter functionalizes the write: right at both sizes.
+    proto = _export(WriteThroughView(), (x, c), "dynamo", input_names=["x", "c"], dynamic_axes=axes)
+    x2, c2 = torch.rand(7, 4, 4), torch.rand(7)
+    got = opbridge.session(proto).run(None, {"x": x2.numpy(), "c": c2.numpy()})[0] if dynamic else None
+    if dynamic:
+        np.testing.assert_allclose(got, WriteThroughView()(x2.clone(), c2).numpy(), rtol=1e-6)
+
+
+class WritesItsInput(torch.nn.Module):
+    def forward(self, x):
+        x.mul_(2)
+        return x + 1
+
+
+def test_a_model_that_writes_into_its_inputs_is_proven_on_what_the_caller_gave():
+    # Eager ran on the example itself before: the runtime was then fed the doubled tensor at the
+    # second size and the export was refused although the graph is right.
+    x = torch.rand(6, 3)
+    proto = _export(WritesItsInput(), (x,), "torchscript", input_names=["x"], dynamic_axes={"x": {0: "n"}})
+    y = torch.rand(4, 3)
+    np.testing.assert_allclose(opbridge.session(proto).run(None, {"x": y.numpy()})[0], (2 * y + 1).numpy(), rtol=1e-6)
+
+
+def test_rows_in_another_order_are_named_in_a_warning_and_other_differences_refused():
+    from opbridge._runtime.agreement import gap, wrong_at_example
+
+    g = np.random.default_rng(0)
+    want = g.normal(size=(40, 5)).astype(np.float32)
+    swapped = want.copy()
+    swapped[[3, 17]] = want[[17, 3]] * (1 + 1e-6)  # two proposals whose order hung on rounding
+    gaps = [gap("rois", swapped, want, 1e-5, 1e-6)]
+    assert gaps[0].excess > 1e3
+    with pytest.warns(opbridge.ReorderedRowsWarning, match=r"output 'rois' \[40, 5\]: 2 rows in another order "
+                                                        r"in ONNX Runtime than eagerly, 0 others differ"):
+        wrong_at_example("opbridge.export", "ONNX Runtime", "dynamo", gaps, [swapped], [want], set(), False)
+    changed = swapped.copy()
+    changed[17] += 0.5  # a near tie NMS broke the other way: one row differs (at most 2 may)
+    with pytest.warns(opbridge.ReorderedRowsWarning, match=r"1 rows in another order .*, 1 others differ"):
+        wrong_at_example("opbridge.export", "ONNX Runtime", "dynamo", [gap("rois", changed, want, 1e-5, 1e-6)],
+                         [changed], [want], set(), False)
+    changed[[5, 6]] += 0.5  # three rows differ: wrong
+    with pytest.raises(opbridge.OpbridgeError, match=r"output 'rois' \[40, 5\]: max abs diff "):
+        wrong_at_example("opbridge.export", "ONNX Runtime", "dynamo", [gap("rois", changed, want, 1e-5, 1e-6)],
+                         [changed], [want], set(), False)
+    # Integer outputs are never taken as reordered: equal or wrong.
+    labels = np.arange(40)
+    moved = labels.copy()
+    moved[[3, 17]] = labels[[17, 3]]
+    with pytest.raises(opbridge.OpbridgeError, match="2 of 40 values differ"):
+        wrong_at_example("opbridge.export", "ONNX Runtime", "dynamo", [gap("labels", moved, labels, 1e-5, 1e-6)],
+                         [moved], [labels], set(), False)

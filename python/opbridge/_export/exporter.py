@@ -104,7 +104,10 @@ def export(
     OpbridgeError lists every node they cannot run, with what to do; pass check_runtime=False
     when exporting for another runtime.
 
-    Dynamic axes are proven (prove_dynamic, the default, and the runtime check): the model runs
+    With prove_dynamic and check_runtime (the defaults) the exported model runs in ONNX Runtime at
+    the example and must agree with eager there: an output wrong beyond rounding (a relative error
+    of 1e-2, or any integer, shape or dtype that differs) is an OpbridgeError naming it, whether or
+    not an axis is dynamic. Dynamic axes are proven: the model runs
     eagerly and in ONNX Runtime at the example's size and at a second size of every axis the graph
     declares dynamic, and a disagreement or a failure there is an OpbridgeError naming the axes,
     the sizes, the outputs and what in the graph holds an example size. The second inputs are
@@ -205,7 +208,8 @@ def export(
     if prove_dynamic and check_runtime:
         with substitutions(*modules_of(call[0])):  # the model runs eagerly as it was traced
             prove(*call, proto, check_args=check_args, check_kwargs=check_kwargs, input_names=names,
-                  exporter=exporter, rtol=1e-5, atol=1e-6, random=set(random_outputs(proto)))
+                  exporter=exporter, rtol=1e-5, atol=1e-6, random=set(random_outputs(proto)),
+                  example_must_agree=True)
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto

@@ -1,5 +1,5 @@
 """The second-size proof: a model whose ONNX graph declares dynamic input axes runs eagerly and
-in ONNX Runtime at the size it was exported at and at a second size of every dynamic axis, and the
+in its runtime at the size it was exported at and at a second size of every dynamic axis, and the
 two must agree at both. A graph that is right at the example and wrong elsewhere (a size baked into
 an attribute or a Reshape constant, a Python loop unrolled by a trace) agrees at the first size
 only; nothing short of running a second size tells.
@@ -14,7 +14,11 @@ exact tie decides an order differently in the two runtimes.
 
 The agreement asked at the second size is the one seen at the example, in units of the tolerance
 (rtol, atol): an output may be up to ten times further from eager than at the example, never less
-close than the tolerance itself. Integer and boolean outputs must be equal.
+close than the tolerance itself. Integer and boolean outputs must be equal. That bar means
+nothing if the example itself is wrong: opbridge.export (example_must_agree) first refuses an
+output that is wrong at the example beyond rounding (WRONG), with or without a dynamic axis.
+Eager runs on copies of the inputs, so a model that writes into them does not change what the
+runtime is fed.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 
 from .._library.errors import OpbridgeError
 from .._library.kinds import tensor_leaves
+from .agreement import Gap, gap, wrong_at_example
 from .feeds import match_inputs, tensor_paths
 
 log = logging.getLogger("opbridge")
@@ -161,7 +166,11 @@ def as_exported(model, exporter: str = ""):
 
 
 def _eager(model, args: tuple, kwargs: dict) -> list[np.ndarray]:
-    with torch.no_grad():
+    # On copies: a model that writes into its inputs must not change what the runtime is fed.
+    args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
+    # The model's own warnings reached the caller once, from the export's trace.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         return [t.detach().cpu().numpy() for t in tensor_leaves(model(*args, **kwargs))]
 
 
@@ -170,60 +179,23 @@ def _ort(sess, pairs: list[tuple[str, int]], args: tuple, kwargs: dict) -> list[
     return sess.run(None, {n: tensors[k].detach().cpu().contiguous().numpy() for n, k in pairs})
 
 
-@dataclasses.dataclass
-class _Gap:
-    output: str
-    shape: tuple
-    text: str  # how the output differs
-    excess: float  # distance in units of the tolerance (inf: shape, dtype or an integer differs)
-
-
-def _gap(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> _Gap:
-    """How far ONNX Runtime's output is from eager's, in units of the tolerance."""
-    if got.shape != want.shape:
-        return _Gap(name, want.shape, f"shape {list(got.shape)} in ONNX Runtime, {list(want.shape)} eagerly", np.inf)
-    if got.dtype != want.dtype:
-        return _Gap(name, want.shape, f"dtype {got.dtype} in ONNX Runtime, {want.dtype} eagerly", np.inf)
-    if got.size == 0:
-        return _Gap(name, want.shape, "", 0.0)
-    if not (np.issubdtype(want.dtype, np.floating) or np.issubdtype(want.dtype, np.complexfloating)):
-        wrong = got != want
-        if not wrong.any():
-            return _Gap(name, want.shape, "", 0.0)
-        at = tuple(int(i) for i in np.argwhere(wrong)[0])
-        return _Gap(name, want.shape, f"{int(wrong.sum())} of {want.size} values differ; first at {list(at)}: "
-                                      f"{got[at]} in ONNX Runtime, {want[at]} eagerly", np.inf)
-    g, w = got.astype(np.float64), want.astype(np.float64)
-    both_nan = np.isnan(g) & np.isnan(w)
-    with np.errstate(invalid="ignore"):
-        diff = np.where((g == w) | both_nan, 0.0, np.abs(g - w))
-        diff = np.where(np.isnan(diff), np.inf, diff)
-        units = diff / (atol + rtol * np.abs(w))
-    units = np.where(diff == 0, 0.0, units)
-    units = np.where(np.isnan(units), np.inf, units)  # inf against a finite value, NaN against a number
-    worst = float(np.max(units))
-    at = tuple(int(i) for i in np.unravel_index(int(np.argmax(units)), units.shape))
-    return _Gap(name, want.shape, f"max abs diff {float(np.max(diff)):.3g} (at {list(at)}: {got[at]:.6g} in ONNX "
-                                  f"Runtime, {want[at]:.6g} eagerly)", worst)
-
-
-def _compare(out_names, got, want, base: list[_Gap] | None, rtol, atol, random: set) -> list[str]:
+def _compare(out_names, got, want, base: list[Gap] | None, rtol, atol, random: set, rt: str) -> list[str]:
     """The outputs that disagree, each with how; base: the gaps at the example (the bar); random:
     outputs random by their op's declaration, held to dtype and rank only."""
     if len(got) != len(want):
-        return [f"ONNX Runtime gives {len(got)} outputs, eager {len(want)}"]
+        return [f"{rt} gives {len(got)} outputs, eager {len(want)}"]
     bad = []
     for k, (name, g, w) in enumerate(zip(out_names, got, want)):
         if name in random:
             if g.dtype != w.dtype or g.ndim != w.ndim:
-                bad.append(f"output '{name}' (random by declaration): dtype {g.dtype} rank {g.ndim} in ONNX Runtime, "
+                bad.append(f"output '{name}' (random by declaration): dtype {g.dtype} rank {g.ndim} in {rt}, "
                            f"{w.dtype} rank {w.ndim} eagerly")
             continue
-        gap = _gap(name, g, w, rtol, atol)
+        here = gap(name, g, w, rtol, atol, rt)
         bar = 1.0 if base is None or not np.isfinite(base[k].excess) else max(1.0, SLACK * base[k].excess)
-        if gap.excess > bar:
+        if here.excess > bar:
             was = f"; at the example: {base[k].text or 'equal'}" if base is not None and base[k].text else ""
-            bad.append(f"output '{name}' {list(w.shape)}: {gap.text}{was}")
+            bad.append(f"output '{name}' {list(w.shape)}: {here.text}{was}")
     return bad
 
 
@@ -272,21 +244,26 @@ def _suspects(proto: onnx.ModelProto, sizes: dict[str, int], limit: int = 8) -> 
 def prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, sess=None,
           check_args: tuple | None = None, check_kwargs: dict | None = None,
           input_names: Sequence[str] | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-          exporter: str = "", who: str = "opbridge.export", random: set | None = None) -> Proof:
-    """Runs the proof (see the module's doc). Raises OpbridgeError when ONNX Runtime fails or
+          exporter: str = "", who: str = "opbridge.export", random: set | None = None,
+          example_must_agree: bool = False) -> Proof:
+    """Runs the proof (see the module's doc). Raises OpbridgeError when the runtime fails or
     disagrees with eager at the second size; warns (UnprovenWarning) when no second size could be
-    run; returns what was run."""
+    run; returns what was run. example_must_agree: also raises when the runtime disagrees with eager
+    at the example itself (beyond WRONG, whether or not an axis is dynamic); opbridge.verify reports
+    that itself."""
     with as_exported(model, exporter):  # eager as traced, and the model left as it was
         return _prove(model, args, kwargs, proto, sess=sess, check_args=check_args, check_kwargs=check_kwargs,
-                      input_names=input_names, rtol=rtol, atol=atol, exporter=exporter, who=who, random=random)
+                      input_names=input_names, rtol=rtol, atol=atol, exporter=exporter, who=who, random=random,
+                      example_must_agree=example_must_agree)
 
 
 def _prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, sess=None,
           check_args: tuple | None = None, check_kwargs: dict | None = None,
           input_names: Sequence[str] | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-          exporter: str = "", who: str = "opbridge.export", random: set | None = None) -> Proof:
+          exporter: str = "", who: str = "opbridge.export", random: set | None = None,
+          example_must_agree: bool = False) -> Proof:
 
-    from .session import session, session_options
+    from .session import runtime_name, session, session_options
 
     kwargs = kwargs or {}
     call = getattr(model, "module", None) if isinstance(model, torch.export.ExportedProgram) else None
@@ -295,7 +272,8 @@ def _prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, s
     graph_inputs = [i.name for i in proto.graph.input]
     pairs, _ = match_inputs(graph_inputs, model, args, kwargs, input_names)
     axes = dynamic_axes(proto, pairs, tensors, tensor_paths(args, kwargs))
-    if not axes:
+    # bfloat16 has no numpy dtype to feed the runtime with: such a model is not run here.
+    if not axes and (not example_must_agree or any(t.dtype == torch.bfloat16 for t in tensors)):
         return Proof({}, [], "", "no dynamic axis")
     indices = dict(pairs)
     examples: dict[str, int] = {}
@@ -305,13 +283,23 @@ def _prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, s
         options = session_options()
         options.log_severity_level = 4  # a failing run is reported below, once, with what to do
         sess = session(proto, options=options)
+    rt = runtime_name(sess)
     out_names = [o.name for o in sess.get_outputs()]
     try:
         at_example = _ort(sess, pairs, args, kwargs)
     except Exception as e:  # noqa: BLE001 - reported with what to look at
-        raise OpbridgeError(f"{who}: the exported model fails in ONNX Runtime at the example's own sizes: "
+        raise OpbridgeError(f"{who}: the exported model fails in {rt} at the example's own sizes: "
                             f"{_first_line(e)}") from None
-    base = [_gap(n, g, w, rtol, atol) for n, g, w in zip(out_names, at_example, _eager(run, args, kwargs))]
+    want_example = _eager(run, args, kwargs)
+    base = [gap(n, g, w, rtol, atol, rt) for n, g, w in zip(out_names, at_example, want_example)]
+    if example_must_agree:
+        # Layers that compute otherwise in training mode (batch statistics, dropout), left in it.
+        modal = (torch.nn.modules.batchnorm._NormBase, torch.nn.modules.dropout._DropoutNd)
+        training = call is None and isinstance(run, torch.nn.Module) and \
+            any(m.training and isinstance(m, modal) for m in run.modules())
+        wrong_at_example(who, rt, exporter, base, at_example, want_example, random or set(), training)
+    if not axes:
+        return Proof({}, [], "", "no dynamic axis")
 
     if check_args is not None or check_kwargs is not None:
         args2 = tuple(check_args) if check_args is not None else args
@@ -358,8 +346,8 @@ def _prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, s
         got = _ort(sess, pairs, args2, kwargs2)
     except Exception as e:  # noqa: BLE001 - reported with what to look at
         raise OpbridgeError(_failure(who, examples, sizes, axes, proto, exporter,
-                                     [f"ONNX Runtime fails: {_first_line(e)}"])) from None
-    bad = _compare(out_names, got, want, base, rtol, atol, random or set())
+                                     [f"{rt} fails: {_first_line(e)}"])) from None
+    bad = _compare(out_names, got, want, base, rtol, atol, random or set(), rt)
     if bad:
         raise OpbridgeError(_failure(who, examples, sizes, axes, proto, exporter, bad))
     proof = Proof({sym: (examples[sym], sizes[sym]) for sym in examples}, axes, source)
