@@ -1,7 +1,8 @@
 """deform_conv2d (v2: offsets, mask and bias), float32: opbridge's custom node DeformConv2d in
 ONNX Runtime (the subject), ONNX Runtime's own ai.onnx DeformConv (opset 19), a plain ai.onnx
-Conv of the same shape in ONNX Runtime (the floor: the same GEMM without any sampling), and
-opbridge in PyTorch eager (torch.ops.opbridge.deform_conv2d, on torch's intra-op threads).
+Conv of the same shape in ONNX Runtime (the floor: the same GEMM without any sampling), torch's
+conv2d of the same shape (oneDNN; a second floor), and opbridge in PyTorch eager
+(torch.ops.opbridge.deform_conv2d, on torch's intra-op threads).
 
 64 -> 64 channels, 3x3, 64x64, padding 1, offset_groups 1 and 4, N = 1 and 4, each on 1 and
 2 threads (ONNX Runtime's intra_op_num_threads, torch.set_num_threads for eager); and the custom
@@ -12,6 +13,8 @@ of another's spinning workers.
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 
 from common import Row, interleaved, note_floor, on_torch_threads, one_node_model, ort_session, progress
@@ -19,6 +22,7 @@ from common import Row, interleaved, note_floor, on_torch_threads, one_node_mode
 SUBJECT = "opbridge DeformConv2d (ONNX Runtime)"
 NATIVE = "ONNX Runtime DeformConv (ai.onnx 19)"
 FLOOR = "ONNX Runtime Conv (floor, no sampling)"
+TORCH_FLOOR = "torch conv2d (a second floor, torch's threads)"
 
 
 def _case(n: int, c: int, hw: int, k: int, og: int, threads: int, rounds: int) -> list[Row]:
@@ -56,6 +60,9 @@ def _case(n: int, c: int, hw: int, k: int, og: int, threads: int, rounds: int) -
                         spinning=False)
     fns[FLOOR] = lambda: csess.run(None, cfeeds)
 
+    tx, tw, tb = (torch.from_numpy(a) for a in (x, w, b))
+    fns[TORCH_FLOOR] = on_torch_threads(threads, lambda: torch.nn.functional.conv2d(tx, tw, tb, padding=1))
+
     targs = [torch.from_numpy(a) for a in (x, w, off, b, mask)]
     eager_name = f"opbridge eager (torch.ops, {threads} torch thread(s))"
     fns[eager_name] = on_torch_threads(threads, lambda: torch.ops.opbridge.deform_conv2d(
@@ -65,6 +72,11 @@ def _case(n: int, c: int, hw: int, k: int, og: int, threads: int, rounds: int) -
     progress(name)
     rows = interleaved(name, fns, rounds=rounds, notes=notes)
     note_floor(rows, FLOOR)
+    # The subject's time over torch's convolution as well (oneDNN: the other floor a model meets).
+    subject, torch_floor = (next(r for r in rows if r.impl == impl) for impl in (SUBJECT, TORCH_FLOOR))
+    if subject.round_ratios and torch_floor.round_ratios:
+        x = statistics.median(a / b for a, b in zip(subject.round_ratios, torch_floor.round_ratios))
+        subject.note = ", ".join(s for s in (subject.note, f"{x:.2f}x torch conv2d") if s)
     return rows
 
 

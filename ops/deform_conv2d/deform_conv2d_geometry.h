@@ -174,13 +174,10 @@ inline void copy_channels_last(KernelContext& ctx, const T* input, int64_t n0, i
   });
 }
 
-// Bilinear corners (and mask values) for every offset group and kernel position of output
-// pixels [p0, p0 + len) of image n. The sampling points before the offsets are the same for every
-// offset group: computed once per tile.
+// The sampling points before the offsets of output pixels [p0, p0 + len), per kernel position
+// (buf.at): the same for every offset group, computed once per tile.
 template <typename T>
-inline void sample_tile(const Geometry& g, const T* offset, const T* mask, int64_t n, int64_t p0, int64_t len, int64_t tile,
-                 Buffers<T>& buf) {
-  const int64_t kk = g.kk, pixels = g.pixels, padded_w = g.w + 2;
+inline void sample_points(const Geometry& g, int64_t p0, int64_t len, int64_t tile, Buffers<T>& buf) {
   for (int64_t i = 0; i < g.kh; ++i)
     for (int64_t j = 0; j < g.kw; ++j) {
       T* at_y = buf.at.get() + 2 * (i * g.kw + j) * tile;
@@ -192,6 +189,14 @@ inline void sample_tile(const Geometry& g, const T* offset, const T* mask, int64
         if (++wo == g.w_out) wo = 0, ++ho;
       }
     }
+}
+
+// Bilinear corners (and mask values) for every offset group and kernel position of output
+// pixels [p0, p0 + len) of image n, from the points sample_points() left in buf.
+template <typename T>
+inline void sample_corners(const Geometry& g, const T* offset, const T* mask, int64_t n, int64_t p0, int64_t len,
+                           int64_t tile, Buffers<T>& buf) {
+  const int64_t kk = g.kk, pixels = g.pixels, padded_w = g.w + 2;
   const Kernels<T>& run = hot_loops<T>();
   for (int64_t og = 0; og < g.offset_groups; ++og)
     for (int64_t k = 0; k < kk; ++k) {
@@ -204,6 +209,14 @@ inline void sample_tile(const Geometry& g, const T* offset, const T* mask, int64
         std::copy(m, m + len, buf.mask.get() + slot);
       }
     }
+}
+
+// Both: the points, then the corners.
+template <typename T>
+inline void sample_tile(const Geometry& g, const T* offset, const T* mask, int64_t n, int64_t p0, int64_t len,
+                        int64_t tile, Buffers<T>& buf) {
+  sample_points(g, p0, len, tile, buf);
+  sample_corners(g, offset, mask, n, p0, len, tile, buf);
 }
 
 }  // namespace opbridge::deform_conv2d_impl

@@ -5,7 +5,9 @@
 // four neighbours are four contiguous runs of channels (one vector loop over channels, no bounds
 // checks: neighbours outside the image read the zero border). Work is split over (image, tile of
 // output pixels); per tile the bilinear corners and weights are computed once per (offset group,
-// kernel position, pixel) and reused for every channel of that offset group. The hot loops
+// kernel position, pixel) and reused for every channel of that offset group — for float32 on
+// AVX2/AVX-512, where a convolution group holds whole offset groups of whole vectors, in the same
+// pass as the column fill, a vector of pixels at a time, with no tables in between. The hot loops
 // (channels-last copy, corners, column fill, GEMM) come in one variant per instruction set, see
 // deform_conv2d_variants.h; the GEMM's weight is packed once per call, as the variant reads it.
 #include "deform_conv2d_kernel.h"
@@ -49,6 +51,7 @@ void deform_conv2d_typed(KernelContext& ctx, const Geometry& g, const TensorView
     run.pack_weight(weight + grp * g.mg * g.kg, g.mg, g.kg, packed + grp * packed_size);
   const int64_t pixels = g.pixels, tile = tile_pixels<T>(g, mask != nullptr);
   const int64_t n_tiles = (pixels + tile - 1) / tile;
+  const bool whole_offset_groups = g.cg % g.cog == 0;  // every group's channels: whole offset groups
 
   const int64_t image = (g.h + 2) * (g.w + 2) * g.c_in;
   // Images per channels-last copy: enough (image, tile) jobs for a large machine's threads, no more,
@@ -66,10 +69,21 @@ void deform_conv2d_typed(KernelContext& ctx, const Geometry& g, const TensorView
       for (int64_t job = b; job < e; ++job) {
         const int64_t n = n0 + job / n_tiles, p0 = (job % n_tiles) * tile, len = std::min(tile, pixels - p0);
         if (len <= 0) continue;
-        sample_tile(g, offset, mask, n, p0, len, tile, buf);
+        sample_points(g, p0, len, tile, buf);
+        bool tables = false;  // the tile's corner tables made
         for (int64_t grp = 0; grp < g.groups; ++grp) {
-          run.columns(ColumnJob<T>{nhwc + (n - n0) * image, buf.corners.get(), buf.mask.get(), buf.columns.get(), len,
-                                   tile, g.kk, grp * g.cg, g.cg, g.cog, g.c_in, g.w + 2});
+          const T* at_image = nhwc + (n - n0) * image;
+          // A group of whole offset groups: sampled and filled in one pass where the variant can.
+          const int64_t og = grp * g.cg / g.cog, rows = (n * g.offset_groups + og) * g.kk;
+          const bool fused = whole_offset_groups && run.sample_columns &&
+                             run.sample_columns({at_image + grp * g.cg, buf.at.get(), offset + 2 * rows * pixels + p0,
+                                                 mask ? mask + rows * pixels + p0 : nullptr, buf.columns.get(), len,
+                                                 tile, pixels, g.kk, g.cg / g.cog, g.cog, g.c_in, g.h, g.w, g.w + 2});
+          if (!fused) {
+            if (!tables) sample_corners(g, offset, mask, n, p0, len, tile, buf), tables = true;
+            run.columns(ColumnJob<T>{at_image, buf.corners.get(), buf.mask.get(), buf.columns.get(), len, tile, g.kk,
+                                     grp * g.cg, g.cg, g.cog, g.c_in, g.w + 2});
+          }
           run.gemm(packed + grp * packed_size, buf.columns.get(), bias ? bias + grp * g.mg : nullptr,
                    out + (n * g.c_out + grp * g.mg) * pixels + p0, g.mg, g.kg, len, pixels);
         }

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <random>
+#include <string>
 
 #include "deform_conv2d_variants.h"
 #include <gtest/gtest.h>
@@ -510,6 +512,97 @@ void check_columns(const deform_conv2d_impl::Kernels<T>& kernels, const char* is
   }
 }
 
+// The fused sample-and-fill (sample_columns) against the same variant's corners then columns, bit
+// for bit (NaN where NaN), and against the bilinear samples in double: runs of one to eight
+// vectors and of a width known only at run time, one and three offset groups in the group (the
+// group starting at the image's second offset group), tiles of whole vectors of pixels and with a
+// tail, samples inside, on the edges, outside, at NaN; with and without a mask. A run that is not
+// whole vectors is refused (false) without a write.
+void check_sample_columns(const deform_conv2d_impl::Kernels<float>& kernels, const char* isa) {
+  using namespace deform_conv2d_impl;
+  if (!kernels.sample_columns) return;
+  const int64_t h = 5, w = 7, padded_w = w + 2, kk = 2;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  int fused = 0;
+  for (int64_t cog : {8, 16, 24, 32, 48, 64, 128})
+    for (int64_t runs : {1, 3})
+      for (int64_t len : {16, 37}) {
+        const int64_t tile = len + 3, pixels = len + 5, groups = runs + 1, c_in = groups * cog, cg = runs * cog;
+        std::mt19937 gen(static_cast<uint32_t>(cog * 100 + runs * 10 + len));
+        std::uniform_real_distribution<float> pos(-3, 9), value(-2, 2);
+        // The zero-bordered channels-last image.
+        std::vector<float> image(static_cast<size_t>((h + 2) * padded_w * c_in), 0.0f);
+        for (int64_t y = 1; y <= h; ++y)
+          for (int64_t x = 1; x <= w; ++x)
+            for (int64_t c = 0; c < c_in; ++c) image[(y * padded_w + x) * c_in + c] = value(gen);
+        std::vector<float> at(2 * kk * tile), offset(2 * groups * kk * pixels), mask(groups * kk * pixels);
+        for (int64_t k = 0; k < kk; ++k)
+          for (int64_t q = 0; q < tile; ++q) at[2 * k * tile + q] = float(q % 5), at[(2 * k + 1) * tile + q] = float(q % 7);
+        for (size_t i = 0; i < offset.size(); ++i) offset[i] = pos(gen) - float(i % 5);
+        for (size_t i = 0; i < offset.size(); i += 17) offset[i] = nan;
+        for (size_t i = 3; i < offset.size(); i += 13) {  // exactly on the edge at -1: outside
+          const int64_t q = int64_t(i) % pixels, row = int64_t(i) / pixels;
+          offset[i] = -1.0f - float(row % 2 ? q % 7 : q % 5);
+        }
+        for (float& m : mask) m = value(gen);
+        for (bool masked : {false, true}) {
+          // Corner tables of every offset group, then the group of offset groups [1, 1 + runs).
+          std::vector<Corner<float>> corners(static_cast<size_t>(groups * kk * tile));
+          std::vector<float> mask_table(corners.size());
+          for (int64_t og = 0; og < groups; ++og)
+            for (int64_t k = 0; k < kk; ++k) {
+              const float* dy = offset.data() + 2 * (og * kk + k) * pixels;
+              kernels.corners({&at[2 * k * tile], &at[(2 * k + 1) * tile], dy, dy + pixels, len, h, w, padded_w,
+                               corners.data() + (og * kk + k) * tile});
+              std::copy(mask.begin() + (og * kk + k) * pixels, mask.begin() + (og * kk + k) * pixels + len,
+                        mask_table.begin() + (og * kk + k) * tile);
+            }
+          // Past the block: a guard that must stay as it is.
+          std::vector<float> want(static_cast<size_t>(len * kk * cg + 64), -7.0f), got(want.size(), -7.0f);
+          kernels.columns({image.data(), corners.data(), masked ? mask_table.data() : nullptr, want.data(), len, tile, kk,
+                           cog, cg, cog, c_in, padded_w});
+          const bool ran = kernels.sample_columns({image.data() + cog, at.data(), offset.data() + 2 * kk * pixels,
+                                                   masked ? mask.data() + kk * pixels : nullptr, got.data(), len, tile,
+                                                   pixels, kk, runs, cog, c_in, h, w, padded_w});
+          if (!ran) {
+            for (float v : got) ASSERT_EQ(v, -7.0f) << isa << " cog=" << cog << ": refused, but wrote";
+            continue;
+          }
+          ++fused;
+          for (int64_t q = 0; q < len; ++q)
+            for (int64_t k = 0; k < kk; ++k)
+              for (int64_t c = 0; c < cg; ++c) {
+                const int64_t i = (q * kk + k) * cg + c, og = 1 + c / cog, slot = (og * kk + k) * tile + q;
+                const std::string where = std::string(isa) + " cog=" + std::to_string(cog) + " runs=" +
+                                          std::to_string(runs) + " len=" + std::to_string(len) + " q=" +
+                                          std::to_string(q) + " k=" + std::to_string(k) + " c=" + std::to_string(c) +
+                                          (masked ? " masked" : "");
+                if (std::isnan(want[i])) {
+                  ASSERT_TRUE(std::isnan(got[i])) << where;
+                  continue;
+                }
+                ASSERT_EQ(got[i], want[i]) << where;
+                // The sample itself, in double from the sampling point.
+                const double y = double(at[2 * k * tile + q] + offset[2 * (og * kk + k) * pixels + q]);
+                const double x = double(at[(2 * k + 1) * tile + q] + offset[(2 * (og * kk + k) + 1) * pixels + q]);
+                double v = 0;
+                if (y > -1 && y < h && x > -1 && x < w) {
+                  const double y0 = std::floor(y), x0 = std::floor(x), ly = y - y0, lx = x - x0;
+                  const auto px = [&](double yy, double xx) {
+                    return double(image[((int64_t(yy) + 1) * padded_w + int64_t(xx) + 1) * c_in + cog + c]);
+                  };
+                  v = (1 - ly) * (1 - lx) * px(y0, x0) + (1 - ly) * lx * px(y0, x0 + 1) + ly * (1 - lx) * px(y0 + 1, x0) +
+                      ly * lx * px(y0 + 1, x0 + 1);
+                }
+                if (masked) v *= double(mask_table[slot]);
+                ASSERT_NEAR(got[i], v, 1e-5) << where;
+              }
+          for (size_t i = size_t(len * kk * cg); i < got.size(); ++i) ASSERT_EQ(got[i], -7.0f) << isa << ": wrote past";
+        }
+      }
+  EXPECT_GT(fused, 0) << isa << ": no shape took the fused loop";
+}
+
 // The backward's GEMMs: acc += g · columns and out = gᵀ · w, g with a row stride.
 template <typename T>
 void check_backward_gemms(const deform_conv2d_impl::Kernels<T>& kernels, const char* isa) {
@@ -599,6 +692,7 @@ TEST(DeformConv2dVariants, EveryRunnableVariant) {
     check_columns<float, 64, 64>(v.f32, v.isa);
     check_columns<double, 7>(v.f64, v.isa);
     check_columns<double, 37>(v.f64, v.isa);
+    check_sample_columns(v.f32, v.isa);
     check_backward_gemms<float>(v.f32, v.isa);
     check_backward_gemms<double>(v.f64, v.isa);
     check_sample_grads<float, 7>(v.f32, v.isa);

@@ -217,6 +217,19 @@ struct FloatBuffer {
   float* data;
 };
 
+// n uninitialised values of T, 64-byte aligned (new[] aligns to 16).
+template <typename T>
+struct Aligned {
+  explicit Aligned(int64_t n)
+      : raw(new T[static_cast<size_t>(n) + 64 / sizeof(T)]),
+        data(raw + ((0 - reinterpret_cast<uintptr_t>(raw)) & 63) / sizeof(T)) {}
+  ~Aligned() { delete[] raw; }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+  T* raw;
+  T* data;
+};
+
 // The weight in panels of kMaxV vectors of output channels (the last panel as many vectors as its
 // channels need, zero-padded), each panel depth-major: panel i0 at i0·k, step q of its depth at
 // q·(its width).
@@ -375,52 +388,91 @@ void wide_columns(const ColumnJob<float>& j) {
     wide_fill<false>(j);
 }
 
+// a · b, or int64's largest where that overflows.
+int64_t saturating_product(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<int64_t>::max() : r;
+}
+
+// The bilinear corners of a vector of samples, with corner()'s arithmetic step for step (the same
+// bits), for corners() and the one-pass sample-and-fill below. Pixel indices in int32: images of
+// 2^31 padded pixels or 2^24 rows or columns (past float's exact integers) take corner().
+bool corner_lanes_fit(int64_t h, int64_t w, int64_t padded_w) {
+  return h < (1 << 24) && w < (1 << 24) && (h + 2) * padded_w < std::numeric_limits<int32_t>::max();
+}
+
 #if defined(__AVX512F__)
-// corners() for float, 16 samples at a time in GCC's vector extensions (whatever this file's ISA
-// makes of them), with corner()'s arithmetic step for step: the same bits. Pixel indices in int32:
-// images of 2^31 padded pixels or 2^24 rows or columns (past float's exact integers) take corner().
+// 16 samples at a time in GCC's vector extensions (whatever this file's ISA makes of them).
 typedef float F16 __attribute__((vector_size(64)));
 typedef int32_t I16 __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+
+struct CornerBounds {
+  F16 h, w, nan;
+  I16 padded_w;
+  CornerBounds(int64_t rows, int64_t cols, int64_t padded_cols)
+      : h(F16{} + static_cast<float>(rows)), w(F16{} + static_cast<float>(cols)),
+        nan(F16{} + std::numeric_limits<float>::quiet_NaN()), padded_w(I16{} + static_cast<int32_t>(padded_cols)) {}
+};
+
+struct CornerLanes {
+  I16 pixel;
+  F16 w[4];
+};
+
+// Samples at (at_y + dy, at_x + dx), kLanes values of each read from the pointers.
+inline CornerLanes corner_lanes(const float* at_y_p, const float* at_x_p, const float* dy_p, const float* dx_p,
+                                const CornerBounds& b) {
+  F16 at_y, at_x, dy, dx;
+  std::memcpy(&at_y, at_y_p, sizeof(F16));
+  std::memcpy(&at_x, at_x_p, sizeof(F16));
+  std::memcpy(&dy, dy_p, sizeof(F16));
+  std::memcpy(&dx, dx_p, sizeof(F16));
+  const F16 y = at_y + dy, x = at_x + dx;
+  const I16 inside = (y > -1.0f) & (y < b.h) & (x > -1.0f) & (x < b.w);
+  // Truncation, then one down where it rounded up: floor for y, x > -1. Lanes outside convert
+  // 0 instead (every conversion in range) and are discarded below.
+  const F16 yi = inside ? y : F16{}, xi = inside ? x : F16{};
+  I16 y0 = __builtin_convertvector(yi, I16), x0 = __builtin_convertvector(xi, I16);
+  y0 += __builtin_convertvector(y0, F16) > yi;  // a true comparison is -1
+  x0 += __builtin_convertvector(x0, F16) > xi;
+  const F16 ly = yi - __builtin_convertvector(y0, F16), lx = xi - __builtin_convertvector(x0, F16);
+  const F16 hy = 1.0f - ly, hx = 1.0f - lx;
+  const F16 outside = ((y != y) | (x != x)) ? b.nan : F16{};
+  return {inside & ((y0 + 1) * b.padded_w + x0 + 1),
+          {inside ? hy * hx : outside, inside ? hy * lx : outside, inside ? ly * hx : outside,
+           inside ? ly * lx : outside}};
+}
+
+// The lanes' first values in the image (pixel · c_in + first, int32: see corner_lanes_fit()), and
+// their weights times the mask's lanes (mask null: as they are).
+inline void store_lanes(const CornerLanes& c, const float* mask, int32_t c_in, int32_t first, int32_t* at,
+                        float (*w)[kLanes]) {
+  const I16 at_lanes = c.pixel * c_in + first;
+  std::memcpy(at, &at_lanes, sizeof(I16));
+  F16 m;
+  if (mask) std::memcpy(&m, mask, sizeof(F16));
+  for (int i = 0; i < 4; ++i) {
+    const F16 wi = mask ? m * c.w[i] : c.w[i];
+    std::memcpy(w[i], &wi, sizeof(F16));
+  }
+}
 
 void wide_corners(const CornerRow<float>& r) {
-  constexpr int L = 16;
-  static constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-  if (r.h >= (1 << 24) || r.w >= (1 << 24) || (r.h + 2) * r.padded_w >= kInt32Max)
-    return corners<float>(r);
-  const F16 h = F16{} + static_cast<float>(r.h), w = F16{} + static_cast<float>(r.w);
-  static constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-  const F16 nan = F16{} + kNaN;
-  const I16 padded_w = I16{} + static_cast<int32_t>(r.padded_w);
+  if (!corner_lanes_fit(r.h, r.w, r.padded_w)) return corners<float>(r);
+  const CornerBounds bounds(r.h, r.w, r.padded_w);
   // Samples [q, q + count) of the row from at_y..dx (16 values each, read from q on).
-  const auto sixteen = [&](const float* at_y_p, const float* at_x_p, const float* dy_p, const float* dx_p, int64_t q,
+  const auto sixteen = [&](const float* at_y, const float* at_x, const float* dy, const float* dx, int64_t q,
                            int count) {
-    F16 at_y, at_x, dy, dx;
-    std::memcpy(&at_y, at_y_p, sizeof(F16));
-    std::memcpy(&at_x, at_x_p, sizeof(F16));
-    std::memcpy(&dy, dy_p, sizeof(F16));
-    std::memcpy(&dx, dx_p, sizeof(F16));
-    const F16 y = at_y + dy, x = at_x + dx;
-    const I16 inside = (y > -1.0f) & (y < h) & (x > -1.0f) & (x < w);
-    // Truncation, then one down where it rounded up: floor for y, x > -1. Lanes outside convert
-    // 0 instead (every conversion in range) and are discarded below.
-    const F16 yi = inside ? y : F16{}, xi = inside ? x : F16{};
-    I16 y0 = __builtin_convertvector(yi, I16), x0 = __builtin_convertvector(xi, I16);
-    y0 += __builtin_convertvector(y0, F16) > yi;  // a true comparison is -1
-    x0 += __builtin_convertvector(x0, F16) > xi;
-    const F16 ly = yi - __builtin_convertvector(y0, F16), lx = xi - __builtin_convertvector(x0, F16);
-    const F16 hy = 1.0f - ly, hx = 1.0f - lx;
-    const F16 outside = ((y != y) | (x != x)) ? nan : F16{};
-    const F16 w0 = inside ? hy * hx : outside, w1 = inside ? hy * lx : outside;
-    const F16 w2 = inside ? ly * hx : outside, w3 = inside ? ly * lx : outside;
-    const I16 pixel = inside & ((y0 + 1) * padded_w + x0 + 1);
+    const CornerLanes c = corner_lanes(at_y, at_x, dy, dx, bounds);
     Corner<float>* out = r.out + q;
-    for (int t = 0; t < count; ++t) out[t] = {pixel[t], {w0[t], w1[t], w2[t], w3[t]}};
+    for (int t = 0; t < count; ++t) out[t] = {c.pixel[t], {c.w[0][t], c.w[1][t], c.w[2][t], c.w[3][t]}};
   };
   int64_t q = 0;
-  for (; q + L <= r.len; q += L) sixteen(r.at_y + q, r.at_x + q, r.dy + q, r.dx + q, q, L);
+  for (; q + kLanes <= r.len; q += kLanes) sixteen(r.at_y + q, r.at_x + q, r.dy + q, r.dx + q, q, kLanes);
   // The last samples, from copies padded with zeros: corner() took ~17x as long per sample.
   if (q < r.len) {
-    float tail[4][L] = {};
+    float tail[4][kLanes] = {};
     const int count = static_cast<int>(r.len - q);
     for (int t = 0; t < count; ++t)
       tail[0][t] = r.at_y[q + t], tail[1][t] = r.at_x[q + t], tail[2][t] = r.dy[q + t], tail[3][t] = r.dx[q + t];
@@ -429,50 +481,74 @@ void wide_corners(const CornerRow<float>& r) {
 }
 
 #else
-// corners() for float on AVX2, 8 samples at a time in intrinsics, with wide_corners()'s arithmetic
-// step for step (the same bits). There, GCC splits each 16-lane vector into two and writes the
-// corners lane by lane: ~100 instructions per sample (callgrind), 29% of the forward's time at
-// offset_groups 4 on Zen 3. Here the weights leave as four-float rows of a 4 x 8 transpose.
-void avx2_corners(const CornerRow<float>& r) {
-  constexpr int L = 8;
-  static constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-  if (r.h >= (1 << 24) || r.w >= (1 << 24) || (r.h + 2) * r.padded_w >= kInt32Max)
-    return corners<float>(r);
-  const __m256 h = _mm256_set1_ps(static_cast<float>(r.h)), w = _mm256_set1_ps(static_cast<float>(r.w));
+// 8 samples at a time in intrinsics, with the AVX-512 variant's arithmetic step for step. There,
+// GCC splits each 16-lane vector into two and writes the corners lane by lane: ~100 instructions
+// per sample (callgrind), 29% of the forward's time at offset_groups 4 on Zen 3.
+constexpr int kLanes = 8;
+
+struct CornerBounds {
+  __m256 h, w;
+  __m256i padded_w;
+  CornerBounds(int64_t rows, int64_t cols, int64_t padded_cols)
+      : h(_mm256_set1_ps(static_cast<float>(rows))), w(_mm256_set1_ps(static_cast<float>(cols))),
+        padded_w(_mm256_set1_epi32(static_cast<int32_t>(padded_cols))) {}
+};
+
+struct CornerLanes {
+  __m256i pixel;
+  __m256 w[4];
+};
+
+inline CornerLanes corner_lanes(const float* at_y, const float* at_x, const float* dy, const float* dx,
+                                const CornerBounds& b) {
   const __m256 minus_one = _mm256_set1_ps(-1.0f), one = _mm256_set1_ps(1.0f);
+  const __m256i int_one = _mm256_set1_epi32(1);
+  const __m256 y = _mm256_add_ps(_mm256_loadu_ps(at_y), _mm256_loadu_ps(dy));
+  const __m256 x = _mm256_add_ps(_mm256_loadu_ps(at_x), _mm256_loadu_ps(dx));
+  const __m256 inside = _mm256_and_ps(
+      _mm256_and_ps(_mm256_cmp_ps(y, minus_one, _CMP_GT_OQ), _mm256_cmp_ps(y, b.h, _CMP_LT_OQ)),
+      _mm256_and_ps(_mm256_cmp_ps(x, minus_one, _CMP_GT_OQ), _mm256_cmp_ps(x, b.w, _CMP_LT_OQ)));
+  // floor() for y, x > -1: truncation, then one down where it rounded up (a true comparison is
+  // -1). Lanes outside convert 0 and are discarded below.
+  const __m256 yi = _mm256_and_ps(inside, y), xi = _mm256_and_ps(inside, x);
+  __m256i y0 = _mm256_cvttps_epi32(yi), x0 = _mm256_cvttps_epi32(xi);
+  y0 = _mm256_add_epi32(y0, _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(y0), yi, _CMP_GT_OQ)));
+  x0 = _mm256_add_epi32(x0, _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(x0), xi, _CMP_GT_OQ)));
+  const __m256 ly = _mm256_sub_ps(yi, _mm256_cvtepi32_ps(y0)), lx = _mm256_sub_ps(xi, _mm256_cvtepi32_ps(x0));
+  const __m256 hy = _mm256_sub_ps(one, ly), hx = _mm256_sub_ps(one, lx);
   const __m256 nan = _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN());
-  const __m256i padded_w = _mm256_set1_epi32(static_cast<int32_t>(r.padded_w)), int_one = _mm256_set1_epi32(1);
+  const __m256 outside = _mm256_and_ps(_mm256_cmp_ps(y, x, _CMP_UNORD_Q), nan);  // NaN where y or x is
+  const __m256i row = _mm256_mullo_epi32(_mm256_add_epi32(y0, int_one), b.padded_w);
+  return {_mm256_and_si256(_mm256_castps_si256(inside), _mm256_add_epi32(_mm256_add_epi32(row, x0), int_one)),
+          {_mm256_blendv_ps(outside, _mm256_mul_ps(hy, hx), inside),
+           _mm256_blendv_ps(outside, _mm256_mul_ps(hy, lx), inside),
+           _mm256_blendv_ps(outside, _mm256_mul_ps(ly, hx), inside),
+           _mm256_blendv_ps(outside, _mm256_mul_ps(ly, lx), inside)}};
+}
+
+inline void store_lanes(const CornerLanes& c, const float* mask, int32_t c_in, int32_t first, int32_t* at,
+                        float (*w)[kLanes]) {
+  const __m256i at_lanes = _mm256_add_epi32(_mm256_mullo_epi32(c.pixel, _mm256_set1_epi32(c_in)), _mm256_set1_epi32(first));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(at), at_lanes);
+  for (int i = 0; i < 4; ++i) _mm256_store_ps(w[i], mask ? _mm256_mul_ps(_mm256_loadu_ps(mask), c.w[i]) : c.w[i]);
+}
+
+// Here the weights leave as four-float rows of a 4 x 8 transpose.
+void avx2_corners(const CornerRow<float>& r) {
+  constexpr int L = kLanes;
+  if (!corner_lanes_fit(r.h, r.w, r.padded_w)) return corners<float>(r);
+  const CornerBounds bounds(r.h, r.w, r.padded_w);
   // Samples [q, q + count) of the row from at_y..dx (8 values each, read from q on).
   const auto eight = [&](const float* at_y, const float* at_x, const float* dy, const float* dx, int64_t q, int count) {
-    const __m256 y = _mm256_add_ps(_mm256_loadu_ps(at_y), _mm256_loadu_ps(dy));
-    const __m256 x = _mm256_add_ps(_mm256_loadu_ps(at_x), _mm256_loadu_ps(dx));
-    const __m256 inside = _mm256_and_ps(
-        _mm256_and_ps(_mm256_cmp_ps(y, minus_one, _CMP_GT_OQ), _mm256_cmp_ps(y, h, _CMP_LT_OQ)),
-        _mm256_and_ps(_mm256_cmp_ps(x, minus_one, _CMP_GT_OQ), _mm256_cmp_ps(x, w, _CMP_LT_OQ)));
-    // floor() for y, x > -1: truncation, then one down where it rounded up (a true comparison is
-    // -1). Lanes outside convert 0 and are discarded below.
-    const __m256 yi = _mm256_and_ps(inside, y), xi = _mm256_and_ps(inside, x);
-    __m256i y0 = _mm256_cvttps_epi32(yi), x0 = _mm256_cvttps_epi32(xi);
-    y0 = _mm256_add_epi32(y0, _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(y0), yi, _CMP_GT_OQ)));
-    x0 = _mm256_add_epi32(x0, _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(x0), xi, _CMP_GT_OQ)));
-    const __m256 ly = _mm256_sub_ps(yi, _mm256_cvtepi32_ps(y0)), lx = _mm256_sub_ps(xi, _mm256_cvtepi32_ps(x0));
-    const __m256 hy = _mm256_sub_ps(one, ly), hx = _mm256_sub_ps(one, lx);
-    const __m256 outside = _mm256_and_ps(_mm256_cmp_ps(y, x, _CMP_UNORD_Q), nan);  // NaN where y or x is
-    const __m256 w0 = _mm256_blendv_ps(outside, _mm256_mul_ps(hy, hx), inside);
-    const __m256 w1 = _mm256_blendv_ps(outside, _mm256_mul_ps(hy, lx), inside);
-    const __m256 w2 = _mm256_blendv_ps(outside, _mm256_mul_ps(ly, hx), inside);
-    const __m256 w3 = _mm256_blendv_ps(outside, _mm256_mul_ps(ly, lx), inside);
-    const __m256i pixel = _mm256_and_si256(
-        _mm256_castps_si256(inside),
-        _mm256_add_epi32(_mm256_add_epi32(_mm256_mullo_epi32(_mm256_add_epi32(y0, int_one), padded_w), x0), int_one));
+    const CornerLanes c = corner_lanes(at_y, at_x, dy, dx, bounds);
     // Per 128-bit lane, (w0..w3) of samples t, t + 1, t + 2, t + 3 become four rows: lane 0 holds
     // samples 0-3, lane 1 samples 4-7.
-    const __m256 lo01 = _mm256_unpacklo_ps(w0, w1), hi01 = _mm256_unpackhi_ps(w0, w1);
-    const __m256 lo23 = _mm256_unpacklo_ps(w2, w3), hi23 = _mm256_unpackhi_ps(w2, w3);
+    const __m256 lo01 = _mm256_unpacklo_ps(c.w[0], c.w[1]), hi01 = _mm256_unpackhi_ps(c.w[0], c.w[1]);
+    const __m256 lo23 = _mm256_unpacklo_ps(c.w[2], c.w[3]), hi23 = _mm256_unpackhi_ps(c.w[2], c.w[3]);
     const __m256 s[4] = {_mm256_shuffle_ps(lo01, lo23, 0x44), _mm256_shuffle_ps(lo01, lo23, 0xEE),
                          _mm256_shuffle_ps(hi01, hi23, 0x44), _mm256_shuffle_ps(hi01, hi23, 0xEE)};
     alignas(32) int32_t pixels[L];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(pixels), pixel);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(pixels), c.pixel);
     Corner<float>* out = r.out + q;
     if (count == L) {
       for (int t = 0; t < 4; ++t) {
@@ -501,6 +577,95 @@ void avx2_corners(const CornerRow<float>& r) {
   }
 }
 #endif
+
+// The corners and the column block in one pass (SampleColumnsJob), kLanes pixels at a time: the
+// lanes' corners of every kernel position and offset group first, into a small table (each
+// sample's first value in the image and its weights, already times the mask) that stays in L1,
+// then each pixel's row of the column block in order, each run of NV vectors (NV 0: cog / kWidth,
+// known at run time) filled as wide_fill_runs() fills it. With runs of one vector (offset_groups 4
+// of 64 channels on AVX-512) the two-pass path's corner tables (24-byte records written lane by
+// lane, ~170 KiB a tile), the copy of the mask and splatting each weight times the mask cost
+// about as much as the samples' arithmetic.
+template <bool kMasked, int NV>
+void sample_fill_runs(const SampleColumnsJob<float>& j, const CornerBounds& bounds, int32_t* first, float* weight) {
+  constexpr int L = kLanes, W = Wide::kWidth;
+  const int64_t cog = j.cog, runs = j.runs, kk = j.kk, items = kk * runs, kg = items * cog, len = j.len;
+  const int64_t nv = NV ? NV : cog / W, c_in = j.c_in, below = j.padded_w * j.c_in, tile = j.tile, pixels = j.pixels;
+  const float* image = j.image;
+  alignas(64) float tail[5][L];  // the last pixels' inputs, padded with zeros
+  for (int64_t q0 = 0; q0 < len; q0 += L) {
+    const int count = static_cast<int>(lesser(L, len - q0));
+    // Item (k, r) at k·runs + r: its lanes' first values in the image at first + item·L, weights i
+    // at weight + (item·4 + i)·L.
+    for (int64_t k = 0, item = 0; k < kk; ++k) {
+      const float* at_y = j.at + 2 * k * tile + q0;
+      const float* at_x = at_y + tile;
+      for (int64_t r = 0; r < runs; ++r, ++item) {
+        const int64_t row = r * kk + k;
+        const float* dy = j.offset + 2 * row * pixels + q0;
+        const float* mask = kMasked ? j.mask + row * pixels + q0 : nullptr;
+        const int32_t channel = static_cast<int32_t>(r * cog);
+        int32_t* at = first + item * L;
+        float(*wt)[L] = reinterpret_cast<float(*)[L]>(weight + item * 4 * L);
+        if (count == L) {
+          store_lanes(corner_lanes(at_y, at_x, dy, dy + pixels, bounds), mask, static_cast<int32_t>(c_in), channel, at,
+                      wt);
+          continue;
+        }
+        for (auto& values : tail)
+          for (float& v : values) v = 0.0f;
+        for (int t = 0; t < count; ++t) {
+          tail[0][t] = at_y[t], tail[1][t] = at_x[t], tail[2][t] = dy[t], tail[3][t] = dy[pixels + t];
+          if (kMasked) tail[4][t] = mask[t];
+        }
+        store_lanes(corner_lanes(tail[0], tail[1], tail[2], tail[3], bounds), kMasked ? tail[4] : nullptr,
+                    static_cast<int32_t>(c_in), channel, at, wt);
+      }
+    }
+    // Each pixel's row of the column block, in order: item after item, cog values each.
+    for (int t = 0; t < count; ++t) {
+      float* o = j.columns + (q0 + t) * kg;
+      const int32_t* at = first + t;
+      const float* wt = weight + t;
+      for (int64_t item = 0; item < items; ++item, o += cog, at += L, wt += 4 * L) {
+        const float* a = image + *at;
+        const Wide::Reg w[4] = {Wide::splat(wt[0]), Wide::splat(wt[L]), Wide::splat(wt[2 * L]), Wide::splat(wt[3 * L])};
+#pragma GCC unroll 8
+        for (int64_t v = 0; v < (NV ? NV : nv); ++v) Wide::store(o + v * W, bilinear(w, a + v * W, c_in, below));
+      }
+    }
+  }
+}
+
+template <bool kMasked>
+void sample_fill(const SampleColumnsJob<float>& j, const CornerBounds& bounds, int32_t* first, float* weight) {
+  switch (j.cog / Wide::kWidth) {
+    case 1: return sample_fill_runs<kMasked, 1>(j, bounds, first, weight);
+    case 2: return sample_fill_runs<kMasked, 2>(j, bounds, first, weight);
+    case 4: return sample_fill_runs<kMasked, 4>(j, bounds, first, weight);
+#if !defined(__AVX512F__)
+    case 8: return sample_fill_runs<kMasked, 8>(j, bounds, first, weight);
+#endif
+    default: return sample_fill_runs<kMasked, 0>(j, bounds, first, weight);
+  }
+}
+
+bool wide_sample_columns(const SampleColumnsJob<float>& j) {
+  // Pixel indices and offsets into the image (padded pixels · c_in) in int32.
+  if (j.cog % Wide::kWidth != 0 || !corner_lanes_fit(j.h, j.w, j.padded_w) ||
+      saturating_product((j.h + 2) * j.padded_w, j.c_in) >= std::numeric_limits<int32_t>::max())
+    return false;
+  const CornerBounds bounds(j.h, j.w, j.padded_w);
+  // The lanes' table: kLanes pixels and 4·kLanes weights per kernel position and offset group.
+  const int64_t items = j.kk * j.runs;
+  Aligned<float> weight(items * 4 * kLanes);
+  Aligned<int32_t> first(items * kLanes);
+  if (j.mask)
+    sample_fill<true>(j, bounds, first.data, weight.data);
+  else
+    sample_fill<false>(j, bounds, first.data, weight.data);
+  return true;
+}
 
 // channels_last() in kWidth x kWidth blocks transposed in registers.
 void wide_channels_last(const float* src, int64_t plane, int64_t c_in, int64_t w, float* dst) {
@@ -626,14 +791,14 @@ Variant this_variant(const char* isa) {
   Variant v;
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   // In Kernels' order: channels_last, corners, columns, weight_size, pack_weight, gemm,
-  // gemm_acc_g_cols, gemm_gt_w, sample_grads.
+  // gemm_acc_g_cols, gemm_gt_w, sample_grads, sample_columns.
 #if defined(__AVX512F__)
   const auto wide_corners_here = &wide_corners;
 #else
   const auto wide_corners_here = &avx2_corners;
 #endif
   v.f32 = {&wide_channels_last, wide_corners_here, &wide_columns, &wide_weight_size, &wide_pack_weight, &wide_gemm,
-           &gemm_acc_g_cols<float>, &gemm_gt_w<float>, &sample_grads<float>};
+           &gemm_acc_g_cols<float>, &gemm_gt_w<float>, &sample_grads<float>, &wide_sample_columns};
 #else
   v.f32 = {&channels_last<float>, &corners<float>, &columns<float>, &eigen_weight_size<float>,
            &eigen_pack_weight<float>, &gemm<float>, &gemm_acc_g_cols<float>, &gemm_gt_w<float>, &sample_grads<float>};

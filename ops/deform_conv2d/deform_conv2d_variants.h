@@ -43,6 +43,23 @@ struct ColumnJob {
   int64_t cog, c_in, padded_w;
 };
 
+// The samples and the column block of one tile and one convolution group in one pass, with no
+// corner tables in between: a vector of pixels' corners at a time (as `corners` computes them),
+// the mask folded into their weights and each pixel's run of channels filled (as `columns` fills
+// it). The same bits as `corners` then `columns`, for a group of whole offset groups.
+template <typename T>
+struct SampleColumnsJob {
+  const T* image;   // (H+2, W+2, C_in) channels-last with a zero border, from the group's first channel
+  const T* at;      // [kernel position][y, x][pixel of the tile], `tile` per row: points before the offsets
+  const T* offset;  // the group's first offset group's rows at the tile's first pixel: [offset group][kernel
+                    // position][dy, dx], `pixels` apart
+  const T* mask;    // [offset group][kernel position] rows likewise; null without a mask
+  T* columns;       // out: [pixel of the tile][kernel position][channel of the group]
+  int64_t len, tile, pixels;  // pixels in this tile; per row of `at`; per row of offset and mask
+  int64_t kk, runs, cog;      // kernel positions; offset groups in the group and channels in each
+  int64_t c_in, h, w, padded_w;
+};
+
 // The backward of one ColumnJob: for every sample of the tile, with `grad_columns` the gradient of
 // its (masked) column block, accumulate the gradient of the image (same layout as `image`), and the
 // per-sample sums the offset and mask gradients need.
@@ -76,6 +93,9 @@ struct Kernels {
   void (*gemm_acc_g_cols)(const T* g, int64_t ldg, const T* columns, T* acc, int64_t m, int64_t n, int64_t k) = nullptr;
   void (*gemm_gt_w)(const T* g, int64_t ldg, const T* w, T* out, int64_t m, int64_t n, int64_t k) = nullptr;
   void (*sample_grads)(const SampleGradJob<T>& job) = nullptr;
+  // `corners` and `columns` of one group in one pass, where the variant has such a loop for the
+  // job's shape (null, or it returns false: call those two).
+  bool (*sample_columns)(const SampleColumnsJob<T>& job) = nullptr;
 };
 
 struct Variant {
