@@ -145,7 +145,8 @@ def test_furthest_point_sampling_forward_fills_the_farthest_first_order():
 
 
 def test_functions_opbridge_does_not_provide_exist_and_raise_naming_the_function_and_its_caller():
-    assert "nms" in _ext.PROVIDED and "hard_voxelize_forward" not in _ext.PROVIDED
-    with pytest.raises(RuntimeError, match=r"mmcv\._ext\.hard_voxelize_forward \(called by mmcv\.ops\.voxelize\)"):
-        _ext.hard_voxelize_forward(torch.zeros(1, 3))
+    assert "nms" in _ext.PROVIDED and "sigmoid_focal_loss_forward" not in _ext.PROVIDED
+    with pytest.raises(RuntimeError,
+                       match=r"mmcv\._ext\.sigmoid_focal_loss_forward \(called by mmcv\.ops\.focal_loss\)"):
+        _ext.sigmoid_focal_loss_forward(torch.zeros(1, 3))
     assert _ext.get_compiling_cuda_version() == "not available"

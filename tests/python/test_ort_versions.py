@@ -1,7 +1,7 @@
 """The ONNX Runtime compatibility matrix: libopbridge_ort.so in ONNX Runtime 1.17 (the floor),
 1.20, 1.22 and the pinned version, each in a throwaway environment holding only onnxruntime and
 numpy (made here with pip from PyPI, cached between runs), running the demo's three models and
-OtherForms (the ops those do not call), exported by this environment and compared with PyTorch
+OtherForms, DetectionForms, LidarForms and SparseForms (the ops those do not call), exported by this environment and compared with PyTorch
 eager outputs saved beforehand.
 
 The environments are tests/python/envs.py's (cached; without them and without PyPI the matrix
@@ -141,6 +141,63 @@ def detection_inputs(n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
             rotated, rotated_rois, torch.softmax(torch.randn(1, 9, 32, 32, generator=g), 1))
 
 
+class LidarForms(torch.nn.Module):
+    """The 3-D detection ops: hard and dynamic voxelization, dynamic scatter (data-dependent voxel
+    counts), points in boxes, the BEV overlap and the 3-D NMS family."""
+
+    def forward(self, points, feats, boxes, scores):
+        ops = torch.ops.opbridge
+        size, box = [0.16, 0.16, 4.0], [0.0, -40.0, -3.0, 70.4, 40.0, 1.0]
+        voxels, coors, num = ops.hard_voxelize(points, size, box, 8, 5000)
+        cells = ops.dynamic_voxelize(points, size, box)
+        voxel_feats, voxel_coors, _, _ = ops.dynamic_scatter(feats, cells, "mean")
+        xyz = points[None, :, :3]
+        return voxels, coors, num, voxel_feats, voxel_coors, ops.points_in_boxes_part(xyz, boxes[None]), \
+            ops.points_in_boxes_all(xyz, boxes[None]), ops.boxes_overlap_bev(boxes, boxes[:5]), \
+            ops.nms3d(boxes, scores, iou_threshold=0.3), ops.nms3d_normal(boxes, scores, iou_threshold=0.3)
+
+
+LIDAR_OUTPUTS = ["voxels", "coors", "num", "voxel_feats", "voxel_coors", "part", "mask", "overlap", "keep",
+                 "keep_normal"]
+LIDAR_FORMS = dict(input_names=["points", "feats", "boxes", "scores"], output_names=LIDAR_OUTPUTS,
+                   dynamic_axes={"points": {0: "p"}, "feats": {0: "p"}, "boxes": {0: "n"}, "scores": {0: "n"}})
+
+
+def lidar_inputs(n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed + n)
+    points = torch.cat([torch.rand(40 * n, 3, generator=g) * torch.tensor([80.0, 90.0, 5.0]) -
+                        torch.tensor([5.0, 45.0, 3.5]), torch.rand(40 * n, 1, generator=g)], 1)
+    boxes = torch.cat([torch.rand(n, 2, generator=g) * 12 + torch.tensor([20.0, -6.0]),
+                       torch.rand(n, 1, generator=g) - 2, torch.rand(n, 3, generator=g) * 3 + 1,
+                       torch.rand(n, 1, generator=g) * 6 - 3], 1)
+    return points, torch.randn(40 * n, 8, generator=g), boxes, torch.randperm(n, generator=g).float() / n
+
+
+class SparseForms(torch.nn.Module):
+    """Sparse convolution: a strided and a submanifold rulebook (data-dependent site and pair
+    counts), the convolution over one, max pooling over the other."""
+
+    def forward(self, indices, features, filters):
+        ops = torch.ops.opbridge
+        sites, pairs, counts = ops.sparse_indice_pairs(indices, spatial_shape=[8, 8, 8], kernel_size=[3, 3, 3],
+                                                       stride=[2, 2, 2], padding=[1, 1, 1])
+        same, same_pairs, same_counts = ops.sparse_indice_pairs(indices, spatial_shape=[8, 8, 8], kernel_size=[3, 3, 3],
+                                                                subm=True)
+        return ops.sparse_indice_conv(features, filters, pairs, counts, sites), sites, \
+            ops.sparse_indice_maxpool(features, same_pairs, same_counts, same)
+
+
+SPARSE_FORMS = dict(input_names=["indices", "features", "filters"], output_names=["conv", "sites", "pooled"],
+                    dynamic_axes={"indices": {0: "n"}, "features": {0: "n"}})
+
+
+def sparse_inputs(n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed + n)
+    linear = torch.randperm(512, generator=g)[:n]
+    indices = torch.stack([torch.zeros(n, dtype=torch.long), linear // 64, linear // 8 % 8, linear % 8], 1).int()
+    return indices, torch.randn(n, 4, generator=g), torch.randn(3, 3, 3, 4, 5, generator=g)
+
+
 # name -> (which model, export arguments)
 CASES = {
     # Default opsets (dynamo 20, TorchScript 17): both load into ONNX Runtime 1.17.
@@ -158,12 +215,17 @@ CASES = {
     "other_forms_torchscript": ("other_forms", dict(exporter="torchscript", **OTHER_FORMS)),
     "detection_dynamo": ("detection", dict(exporter="dynamo", **DETECTION_FORMS)),
     "detection_torchscript": ("detection", dict(exporter="torchscript", **DETECTION_FORMS)),
+    "lidar_dynamo": ("lidar", dict(exporter="dynamo", **LIDAR_FORMS)),
+    "lidar_torchscript": ("lidar", dict(exporter="torchscript", **LIDAR_FORMS)),
+    "sparse_dynamo": ("sparse", dict(exporter="dynamo", **SPARSE_FORMS)),
+    "sparse_torchscript": ("sparse", dict(exporter="torchscript", **SPARSE_FORMS)),
     # A newer opset than older runtimes have (and IR version 10, which 1.17 lacks).
     "demo_dynamo_opset22": ("demo", dict(exporter="dynamo", opset=22, **DEMO)),
 }
 # The catalogue's float32 bicubic and deformable sampling round differently in each runtime.
 TOLERANCE = {"demo": (1e-5, 1e-6), "catalogue": (1e-4, 1e-4), "point_cloud": (1e-5, 1e-6), "other_forms": (1e-5, 1e-6),
-             "detection": (1e-5, 1e-5)}
+             "detection": (1e-5, 1e-5), "lidar": (1e-5, 1e-5),
+             "sparse": (1e-5, 1e-5)}
 
 
 def _model_and_inputs(kind: str):
@@ -175,6 +237,10 @@ def _model_and_inputs(kind: str):
         return OtherForms().eval(), [other_forms_inputs(n, seed=1) for n in (64, 400)]
     if kind == "detection":
         return DetectionForms().eval(), [detection_inputs(n, seed=1) for n in (40, 300)]
+    if kind == "lidar":
+        return LidarForms().eval(), [lidar_inputs(n, seed=1) for n in (30, 80)]
+    if kind == "sparse":
+        return SparseForms().eval(), [sparse_inputs(n, seed=1) for n in (40, 90)]
     return demo.CatalogueModel().eval(), [demo.catalogue_inputs(n, s, seed=1) for n, s in ((64, 2.0), (200, 1.5))]
 
 

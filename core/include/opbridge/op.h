@@ -115,6 +115,7 @@ class OpBuilder {
   OpBuilder& float_attr(std::string name, double def, std::string doc) { return attr(std::move(name), AttrKind::Float, AttrValue{def}, std::move(doc)); }
   OpBuilder& ints_attr(std::string name, std::string doc) { return attr(std::move(name), AttrKind::Ints, std::nullopt, std::move(doc)); }
   OpBuilder& ints_attr(std::string name, std::vector<int64_t> def, std::string doc) { return attr(std::move(name), AttrKind::Ints, AttrValue{std::move(def)}, std::move(doc)); }
+  OpBuilder& floats_attr(std::string name, std::string doc) { return attr(std::move(name), AttrKind::Floats, std::nullopt, std::move(doc)); }
   OpBuilder& floats_attr(std::string name, std::vector<double> def, std::string doc) { return attr(std::move(name), AttrKind::Floats, AttrValue{std::move(def)}, std::move(doc)); }
   OpBuilder& bool_attr(std::string name, bool def, std::string doc) { return attr(std::move(name), AttrKind::Bool, AttrValue{def}, std::move(doc)); }
   OpBuilder& string_attr(std::string name, std::string def, std::string doc) { return attr(std::move(name), AttrKind::String, AttrValue{std::move(def)}, std::move(doc)); }
