@@ -14,7 +14,9 @@ with both exporters, with its code untouched.
 - `opbridge.compat.mmcv._ext`: mmcv's compiled extension, for mmcv installed without it
   (mmcv-lite): every function mmcv's Python ops load, those opbridge implements on its ops;
 - `opbridge.compat.mmdet.core.export`: what installed mmdet 3.x imports while it is exported;
-- `opbridge.compat.pyg_lib`: pyg-lib's torch.ops.pyg.fps / knn / radius / nearest, and PyG's flags.
+- `opbridge.compat.pyg_lib`: pyg-lib's torch.ops.pyg.fps / knn / radius / nearest, and PyG's flags;
+- `opbridge.compat.spconv.pytorch`: spconv 2.x's sparse tensor, convolution, pooling and sequential
+  modules on opbridge's sparse ops.
 
 Importing opbridge.compat also adds substitution rules for the installed torch_cluster's and
 torch_scatter's own functions: their TORCH_LIBRARY ops have no ONNX export (and, as catch-all C++
@@ -40,7 +42,7 @@ from opbridge import OpbridgeError
 
 __all__ = ["PACKAGES", "install", "installed"]
 
-PACKAGES = ("torch_cluster", "torch_scatter", "pointnet2_ops", "pointops", "mmcv", "mmdet", "pyg_lib")
+PACKAGES = ("torch_cluster", "torch_scatter", "pointnet2_ops", "pointops", "mmcv", "mmdet", "pyg_lib", "spconv")
 
 # Parts of an installed package it lacks and opbridge provides: package -> (the part whose absence
 # says so, the modules provided). mmcv-lite is mmcv without its compiled extension; mmdet 3.x's
@@ -176,5 +178,13 @@ from . import deformable_attention  # noqa: E402,F401
 # mmcv's box_iou_rotated picks one of two ops by its `aligned` flag: a Python rule.
 from .mmcv import rotated as _mmcv_rotated  # noqa: E402,F401
 from .mmcv import corner_pool as _mmcv_corner_pool  # noqa: E402,F401
+# mmcv's Voxelization and DynamicScatter slice buffers by counts read as Python ints: rules that do not.
+from .mmcv import voxel as _mmcv_voxel  # noqa: E402,F401
+# mmcv's iou3d functions that are Python over other ops (boxes_iou3d, nms_bev, ...).
+from .mmcv import boxes3d as _mmcv_boxes3d  # noqa: E402,F401
+# mmcv's sparse convolution modules read a count only the data knows as a Python int: rules that do not.
+from .mmcv import sparse as _mmcv_sparse  # noqa: E402,F401
+# spconv's sparse modules run compiled code and read a count only the data knows as a Python int.
+from .spconv import rules as _spconv_rules  # noqa: E402,F401
 # mmdet's RoI extractor branches on how many RoIs each level has: a rule that does not.
 from .mmdet import roi_extractor as _mmdet_roi_extractor  # noqa: E402,F401
