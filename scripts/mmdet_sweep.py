@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""mmdet's model zoo on opbridge: one config per folder of the configs the mmdet 3.3.0 wheel ships,
-each built with random weights and run eagerly on one 320x320 image, then exported (tensor mode,
-the TorchScript exporter) and compared with ONNX Runtime, by tests/python/mmdet_models.py in the
-environment the tests make (mmdet 3.3.0, mmcv-lite 2.1.0, mmengine 0.10.7).
+"""OpenMMLab's model zoos on opbridge: one config per folder of the configs the mmdet 3.3.0 wheel
+(or, with --package mmdet3d, the mmdet3d 1.4.0 wheel) ships, each built with random weights and run
+eagerly, then exported (mmdet: the TorchScript exporter; mmdet3d: the dynamo exporter, which keeps
+writes made through views that mmdet3d's voxel encoders make) and compared with ONNX Runtime, by the
+tests' runner in the environment the tests make (mmcv-lite 2.1.0, mmengine 0.10.7):
+tests/python/mmdet_models.py (one 320x320 image, tensor mode) or tests/python/mmdet3d_models.py
+(a random LiDAR cloud, the model from raw points).
 
-    .venv/bin/python scripts/mmdet_sweep.py [--results FILE] [--only FOLDER ...] [--again]
-        [--table [--earlier FILE]]
+    .venv/bin/python scripts/mmdet_sweep.py [--package mmdet|mmdet3d] [--results FILE]
+        [--only FOLDER ...] [--again] [--table [--earlier FILE]]
 
 Resumable: each model's report is appended to the results file (one JSON line,
-build/mmdet_sweep.jsonl by default) as it finishes, and a folder already there is skipped, so the
+build/<package>_sweep.jsonl by default) as it finishes, and a folder already there is skipped, so the
 sweep can stop and go on across sessions. --again runs the folders --only names even if they are
 there (after a fix); a folder's last report is the one that counts. --table prints the summary docs/models.md shows. A
 model gets 15 minutes.
@@ -31,15 +34,22 @@ sys.path.insert(0, str(ROOT / "tests" / "python"))
 
 import envs  # noqa: E402  the tests' environments
 import test_mmdet  # noqa: E402  its requirements
+import test_mmdet3d  # noqa: E402
 
-# Configs whose name is the folder's plainest model, when the folder has it; else the first
-# config (by name) that is not a _base_ file.
-PREFERRED = ("r50_fpn_1x_coco", "r50_fpn_1x", "r50", "1x_coco")
+# Per package: its environment, the runner, what the export is, and the configs whose name is
+# the folder's plainest model (when the folder has one; else the first config by name that is
+# not a _base_ file).
+PACKAGES = {
+    "mmdet": {"environment": ("mmdet-3.3.0", test_mmdet.MMDET), "runner": "mmdet_models.py",
+              "export": "tensor mode", "exporter": "torchscript", "preferred": ("r50_fpn_1x_coco", "r50_fpn_1x", "r50", "1x_coco")},
+    "mmdet3d": {"environment": ("mmdet3d-1.4.0", test_mmdet3d.MMDET3D), "runner": "mmdet3d_models.py",
+                "export": "from raw points", "exporter": "dynamo", "preferred": ("kitti-3d-car", "kitti-3d-3class", "nus-3d", "kitti")},
+}
 
 
-def pick(folder: Path) -> Path | None:
+def pick(folder: Path, preferred: tuple[str, ...]) -> Path | None:
     configs = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
-    for want in PREFERRED:
+    for want in preferred:
         for config in configs:
             if want in config.stem:
                 return config
@@ -51,9 +61,9 @@ def _matches(exported: dict) -> bool:
         exported.get("differing_rows", 0) <= 2  # the bar tests/python/test_mmdet.py sets
 
 
-def stage(report: dict) -> str:
+def stage(report: dict, exporter: str = "torchscript") -> str:
     """The last stage a model passed: build, predict, export, match (or nothing)."""
-    exported = report.get("torchscript")
+    exported = report.get(exporter)
     if isinstance(exported, dict):
         return "match" if _matches(exported) else "export"
     if report.get("predict") == "ok":
@@ -70,7 +80,7 @@ def _reports(results: Path) -> dict[str, dict]:
     return last
 
 
-def table(results: Path, earlier: Path | None = None) -> str:
+def table(results: Path, earlier: Path | None = None, export: str = "tensor mode", exporter: str = "torchscript") -> str:
     """The summary; folders `results` lacks are taken from `earlier` (a results file of an
     earlier sweep, run before later fixes), marked so."""
     last = _reports(results)
@@ -79,17 +89,17 @@ def table(results: Path, earlier: Path | None = None) -> str:
             last.setdefault(folder, {**report, "earlier": True})
     reports = list(last.values())
     order = ("none", "build", "predict", "export", "match")
-    reached = collections.Counter(order.index(stage(r)) for r in reports)
+    reached = collections.Counter(order.index(stage(r, exporter)) for r in reports)
     at_least = {name: sum(n for i, n in reached.items() if i >= order.index(name)) for name in order[1:]}
     from_earlier = sum(bool(r.get("earlier")) for r in reports)
     lines = [f"{len(reports)} configs{f' ({from_earlier} from the earlier run)' if from_earlier else ''}: "
              f"{at_least['build']} build, {at_least['predict']} predict eagerly, "
-             f"{at_least['export']} export (TorchScript exporter, tensor mode), {at_least['match']} match eager "
+             f"{at_least['export']} export ({'TorchScript' if exporter == 'torchscript' else 'dynamo'} exporter, {export}), {at_least['match']} match eager "
              "in ONNX Runtime. Those that match: " +
              ", ".join(f"`{r['config'].split('/')[0]}`" + (" (earlier run)" if r.get("earlier") else "")
                        for r in sorted(reports, key=lambda r: r["config"])
-                       if stage(r) == "match") + ".", ""]
-    in_openvino = [r["torchscript"]["openvino"] for r in reports if stage(r) == "match" and "openvino" in r["torchscript"]]
+                       if stage(r, exporter) == "match") + ".", ""]
+    in_openvino = [r[exporter]["openvino"] for r in reports if stage(r, exporter) == "match" and "openvino" in r[exporter]]
     if in_openvino:
         lines += [f"OpenVINO: of the {len(in_openvino)} that match and were also run in OpenVINO (reports from before "
                   f"the runner ran it have none), {sum(isinstance(o, dict) and _matches(o) for o in in_openvino)} match "
@@ -97,12 +107,12 @@ def table(results: Path, earlier: Path | None = None) -> str:
     lines += ["The others:", "",
              "| config | reached | why not further | missing mmcv._ext functions |", "|---|---|---|---|"]
     for r in sorted(reports, key=lambda r: r["config"]):
-        s = stage(r)
+        s = stage(r, exporter)
         why = ""
         if s == "match":
             continue
         if s != "match":
-            key = {"none": "build", "build": "predict", "predict": "torchscript", "export": "torchscript"}[s]
+            key = {"none": "build", "build": "predict", "predict": exporter, "export": exporter}[s]
             value = r.get(key, "")
             why = (value if isinstance(value, str) else f"max relative difference {value['max_rel_diff']:.2g}, "
                    f"{value['integer_mismatches']} unequal integers, {value.get('differing_rows', 0)} differing rows")
@@ -114,19 +124,22 @@ def table(results: Path, earlier: Path | None = None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=ROOT / "build" / "mmdet_sweep.jsonl")
+    parser.add_argument("--package", choices=sorted(PACKAGES), default="mmdet")
+    parser.add_argument("--results", type=Path, help="default: build/<package>_sweep.jsonl")
     parser.add_argument("--only", nargs="*", help="configs folders to run (default: all)")
     parser.add_argument("--again", action="store_true", help="run the --only folders even if already done")
     parser.add_argument("--table", action="store_true", help="print the summary table and stop")
     parser.add_argument("--earlier", type=Path, help="with --table: an earlier run's results, for the folders "
                         "the results file lacks")
     args = parser.parse_args()
+    package = PACKAGES[args.package]
+    args.results = args.results or ROOT / "build" / f"{args.package}_sweep.jsonl"
     if args.table:
-        print(table(args.results, args.earlier))
+        print(table(args.results, args.earlier, package["export"], package["exporter"]))
         return
-    python = envs.python_with("mmdet-3.3.0", test_mmdet.MMDET, on_top=True)
-    configs = Path(subprocess.run([str(python), "-c", "import mmdet, pathlib; "
-                                   "print(pathlib.Path(mmdet.__file__).parent / '.mim' / 'configs')"],
+    python = envs.python_with(*package["environment"], on_top=True)
+    configs = Path(subprocess.run([str(python), "-c", f"import {args.package}, pathlib; "
+                                   f"print(pathlib.Path({args.package}.__file__).parent / '.mim' / 'configs')"],
                                   capture_output=True, text=True, check=True).stdout.strip())
     done = set()
     if args.again and not args.only:
@@ -140,7 +153,7 @@ def main() -> None:
           flush=True)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     for i, folder in enumerate(todo, 1):
-        config = pick(folder)
+        config = pick(folder, package["preferred"])
         if config is None:
             report = {"config": f"{folder.name}/", "build": "no config in the folder"}
         else:
@@ -149,8 +162,8 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "report.json"
                 try:
-                    subprocess.run([str(python), str(ROOT / "tests" / "python" / "mmdet_models.py"), relative,
-                                    str(out), "torchscript"], capture_output=True, text=True, timeout=900,
+                    subprocess.run([str(python), str(ROOT / "tests" / "python" / package["runner"]), relative,
+                                    str(out), package["exporter"]], capture_output=True, text=True, timeout=900,
                                    env={**os.environ, "PYTHONPATH": str(ROOT / "tests" / "python")})
                     report = json.loads(out.read_text()) if out.is_file() else \
                         {"config": relative, "build": "the runner died without a report"}
@@ -159,8 +172,8 @@ def main() -> None:
             report["seconds"] = round(time.monotonic() - start, 1)
         with args.results.open("a") as f:
             f.write(json.dumps(report) + "\n")
-        print(f"[{i}/{len(todo)}] {report['config']}: {stage(report)} ({report.get('seconds', 0)} s)", flush=True)
-    print(table(args.results))
+        print(f"[{i}/{len(todo)}] {report['config']}: {stage(report, package['exporter'])} ({report.get('seconds', 0)} s)", flush=True)
+    print(table(args.results, export=package["export"], exporter=package["exporter"]))
 
 
 if __name__ == "__main__":

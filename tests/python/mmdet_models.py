@@ -57,12 +57,12 @@ def _drop_pretrained(cfg) -> None:
             _drop_pretrained(value)
 
 
-def _calibrate_norms(model, inputs, samples) -> None:
+def calibrate_norms(model, run) -> None:
     """Random weights with a batch norm's default statistics (mean 0, variance 1) let activations
     grow layer by layer (HRNet's features reach 1e9, and every box the RPN decodes is degenerate).
     A trained model's statistics match its activations: here each batch norm's running mean and
-    variance are set, in the order the model runs them, from the input it gets on this image (a
-    hook before the layer normalises, in eval mode, so SyncBN needs no process group)."""
+    variance are set, in the order the model runs them, from the input it gets when `run()` calls
+    the model (a hook before the layer normalises, in eval mode, so SyncBN needs no process group)."""
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
 
     def calibrate(module, args):
@@ -76,8 +76,8 @@ def _calibrate_norms(model, inputs, samples) -> None:
     handle = {m: m.register_forward_pre_hook(calibrate) for m in norms}
     try:
         with torch.no_grad():
-            model(inputs, samples, mode="tensor")
-    except Exception:  # noqa: BLE001 - a model whose tensor mode fails keeps its statistics
+            run()
+    except Exception:  # noqa: BLE001 - a model that fails there keeps its statistics
         pass
     finally:
         for h in handle.values():
@@ -134,7 +134,7 @@ def build(config: str, score_thr: float | None = None):
     data = model.data_preprocessor({"inputs": [image], "data_samples": [DetDataSample(metainfo=meta)]}, False)
     if takes_proposals(model):
         data["data_samples"][0].proposals = _instances(proposals(300, 2))
-    _calibrate_norms(model, data["inputs"], data["data_samples"])
+    calibrate_norms(model, lambda: model(data["inputs"], data["data_samples"], mode="tensor"))
     _spread_scores(model, data["inputs"], data["data_samples"])
     return model, data["inputs"], data["data_samples"]
 
@@ -188,22 +188,22 @@ class Predict(TensorMode):
         return found.bboxes, found.scores, found.labels
 
 
-def _leaves(out) -> list:
+def leaves(out) -> list:
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _leaves(o)]
+        return [t for o in out for t in leaves(o)]
     if isinstance(out, dict):
-        return [t for v in out.values() for t in _leaves(v)]
+        return [t for v in out.values() for t in leaves(v)]
     return []
 
 
-def _error(e: BaseException) -> str:
+def error_text(e: BaseException) -> str:
     lines = [line for line in f"{type(e).__name__}: {e}".splitlines() if line.strip()]
     return "\n".join(lines[:12])
 
 
-def _interleaved_ms(model, args: tuple, session, names: list[str], rounds: int = 5) -> dict:
+def interleaved_ms(model, args: tuple, session, names: list[str], rounds: int = 5) -> dict:
     eager, ort, ratios = [], [], []
     feeds = {name: a.numpy() for name, a in zip(names, args)}
     for _ in range(rounds):
@@ -244,9 +244,9 @@ def export_and_compare(model, inputs, exporter: str, workdir: Path, timing: bool
     try:  # the same model in the second runtime
         report["openvino"] = _against_eager(model, opbridge.session(str(path), runtime="openvino"), cases, names)
     except Exception as e:  # noqa: BLE001 - reported
-        report["openvino"] = _error(e)
+        report["openvino"] = error_text(e)
     if timing:
-        report.update(_interleaved_ms(model, args, session, names))
+        report.update(interleaved_ms(model, args, session, names))
     return report
 
 
@@ -255,7 +255,7 @@ def _against_eager(model, session, cases, names: list[str]) -> dict:
     worst, integer_mismatches, reordered, differing = 0.0, 0, 0, 0
     for case in cases:
         with torch.no_grad():
-            expected = [t.numpy() for t in _leaves(model(*case))]
+            expected = [t.numpy() for t in leaves(model(*case))]
         got = session.run(None, {name: a.numpy() for name, a in zip(names, case)})
         worst, mismatches, moved, other = _compare(got, expected, worst)
         integer_mismatches, reordered, differing = integer_mismatches + mismatches, reordered + moved, max(differing,
@@ -313,8 +313,8 @@ def run(config: str, exporters: tuple[str, ...], workdir: Path, timing: bool = F
         model, inputs, samples = build(config, 0.0 if end_to_end else None)
         report["build"] = "ok"
     except Exception as e:  # noqa: BLE001 - reported
-        report["build"] = _error(e)
-        return _missing(report)
+        report["build"] = error_text(e)
+        return missing_functions(report)
     try:
         with torch.no_grad():
             result = model(inputs, samples, mode="predict")[0]
@@ -322,17 +322,17 @@ def run(config: str, exporters: tuple[str, ...], workdir: Path, timing: bool = F
         report["predict"] = "ok"
         report["detections"] = int(len(instances)) if instances is not None else None
     except Exception as e:  # noqa: BLE001
-        report["predict"] = _error(e)
+        report["predict"] = error_text(e)
     exported = (Predict if end_to_end else TensorMode)(model, samples)
     for exporter in exporters:
         try:
             report[exporter] = export_and_compare(exported, inputs, exporter, workdir, timing)
         except Exception as e:  # noqa: BLE001
-            report[exporter] = _error(e)
-    return _missing(report)
+            report[exporter] = error_text(e)
+    return missing_functions(report)
 
 
-def _missing(report: dict) -> dict:
+def missing_functions(report: dict) -> dict:
     """The mmcv._ext functions the model reached that opbridge does not provide, from the errors."""
     text = json.dumps(report)
     report["missing"] = sorted(set(re.findall(r"mmcv\._ext\.(\w+) \(called by", text)))

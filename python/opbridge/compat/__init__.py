@@ -188,3 +188,5 @@ from .mmcv import sparse as _mmcv_sparse  # noqa: E402,F401
 from .spconv import rules as _spconv_rules  # noqa: E402,F401
 # mmdet's RoI extractor branches on how many RoIs each level has: a rule that does not.
 from .mmdet import roi_extractor as _mmdet_roi_extractor  # noqa: E402,F401
+# mmdet3d's own copies of mmcv's voxelization and dynamic scatter: the same rules.
+from .mmdet3d import voxelize as _mmdet3d_voxelize  # noqa: E402,F401

@@ -1,0 +1,1 @@
+"""Substitution rules for mmdet3d's own copies of mmcv's Python ops (see voxelize)."""
