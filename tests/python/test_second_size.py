@@ -278,6 +278,11 @@ def test_rows_in_another_order_are_named_in_a_warning_and_other_differences_refu
     with pytest.warns(opbridge.ReorderedRowsWarning, match=r"1 rows in another order .*, 1 others differ"):
         wrong_at_example("opbridge.export", "ONNX Runtime", "dynamo", [gap("rois", changed, want, 1e-5, 1e-6)],
                          [changed], [want], set(), False)
+    one_off = want.copy()
+    one_off[9] += 0.5  # one row differs and none moved: no near tie, wrong
+    with pytest.raises(opbridge.OpbridgeError, match=r"output 'rois' \[40, 5\]: max abs diff 0.5"):
+        wrong_at_example("opbridge.export", "ONNX Runtime", "dynamo", [gap("rois", one_off, want, 1e-5, 1e-6)],
+                         [one_off], [want], set(), False)
     changed[[5, 6]] += 0.5  # three rows differ: wrong
     with pytest.raises(opbridge.OpbridgeError, match=r"output 'rois' \[40, 5\]: max abs diff "):
         wrong_at_example("opbridge.export", "ONNX Runtime", "dynamo", [gap("rois", changed, want, 1e-5, 1e-6)],
