@@ -68,6 +68,7 @@ def test_named_mmdet3d_model_predicts_and_exports_from_raw_points(mmdet3d_python
         # The point count is dynamic (proven by opbridge.export at a second count) and each runtime
         # equals eager at two more, and at an empty cloud.
         assert exported["point_counts"] == [12_000, 17_000] and exported["output_spread"] > 0.05, exported
+        assert exported["empty_cloud"] == "compared", exported
         for runtime in (exported, exported["openvino"]):
             assert isinstance(runtime, dict), runtime
             assert runtime["max_rel_diff"] < 1e-4 and runtime["integer_mismatches"] == 0, exported

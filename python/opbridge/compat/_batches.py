@@ -54,6 +54,15 @@ def batch_size_of(*batches: torch.Tensor | None):
     return count
 
 
+def traced_nonempty(count) -> None:
+    """State, under torch.export, that an op's data-dependent row count (voxels, sparse sites) is
+    not 0. The layers after such an op (batch_norm, for one) branch on an empty input, which
+    torch.export cannot decide for a size only the data gives; traced as nonzero, the graph has no
+    such branch, and zero rows still run through it as zero rows (an empty cloud is tested so)."""
+    if isinstance(count, torch.SymInt):
+        torch._check(count > 0)
+
+
 def whole(points: torch.Tensor) -> torch.Tensor:
     """[0, n] for n = points.size(0): one example, written so that a trace keeps n symbolic."""
     return torch.arange(2, device=points.device) * points.size(0)

@@ -21,6 +21,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 import opbridge
 
+from .._batches import traced_nonempty
 from ._ext.sparse import output_spatial_shape
 
 opbridge.load_torch()
@@ -46,12 +47,7 @@ def _rulebook(indices: Tensor, spatial_shape, batch_size: int, kernel_size, stri
         transposed=bool(transposed))
     if subm:  # the input sites themselves, as mmcv's extension returns them: the count stays the input's
         return indices, pairs, num
-    count = outids.shape[0]
-    if isinstance(count, torch.SymInt):
-        # Under torch.export the count is a symbol only the data gives; PyTorch's layers after this one
-        # (batch_norm, for one) branch on an empty input. Traced as nonzero: the exported graph has no
-        # such branch, and zero rows run through it as zero rows.
-        torch._check(count > 0)
+    traced_nonempty(outids.shape[0])  # a batch norm over the sites follows
     return outids, pairs, num
 
 

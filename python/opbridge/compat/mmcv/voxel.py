@@ -26,6 +26,8 @@ from torch import Tensor
 
 import opbridge
 
+from .._batches import traced_nonempty
+
 opbridge.load_torch()  # torch.ops.opbridge.* exist from here on
 
 __all__ = ["DYNAMIC_SCATTER", "DYNAMIC_SCATTER_MODULE", "VOXELIZATION", "dynamic_scatter", "dynamic_scatter_forward",
@@ -52,10 +54,7 @@ def voxelization(points: Tensor, voxel_size, coors_range, max_points: int = 35, 
     if max_points == -1 or max_voxels == -1:
         return torch.ops.opbridge.dynamic_voxelize(points, size, box)
     voxels, coors, counts = torch.ops.opbridge.hard_voxelize(points, size, box, int(max_points), int(max_voxels))
-    # What a detector does next (a batch norm over the voxels) branches on an empty batch, which
-    # torch.export cannot decide for a count only the data knows: the rule states a cloud has a voxel.
-    if torch.compiler.is_exporting():
-        torch._check(voxels.shape[0] > 0)
+    traced_nonempty(voxels.shape[0])  # a batch norm over the voxels follows
     return voxels, coors, counts
 
 

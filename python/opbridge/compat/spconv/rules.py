@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 import opbridge
 
+from .._batches import traced_nonempty
 from ..mmcv._ext.sparse import output_spatial_shape
 
 opbridge.load_torch()
@@ -76,14 +77,6 @@ def _ints(values) -> List[int]:
     return [int(v) for v in values]
 
 
-def _nonzero_count(count) -> None:
-    # A count only the data gives (torch.export's unbacked size): PyTorch's layers after this one
-    # (batch_norm, for one) branch on an empty input. Traced as nonzero: the exported graph has no
-    # such branch, and zero rows run through it as zero rows.
-    if isinstance(count, torch.SymInt):
-        torch._check(count > 0)
-
-
 def _rulebook(layer, input, subm: bool, transposed: bool, output_padding) -> IndiceData:
     """The rulebook of `layer` (kernel_size, stride, padding, dilation) over input's sites."""
     indices, shape = input.indices, _ints(input.spatial_shape)
@@ -106,7 +99,7 @@ def _rulebook(layer, input, subm: bool, transposed: bool, output_padding) -> Ind
         # offset's output rows are the input sites' rows of the padded convolution's output.
         rows = pairs[math.prod(ks) // 2, 1, :indices.shape[0]].long()
     elif not subm:  # a SubM layer's output sites are its input sites, as spconv returns them
-        _nonzero_count(outids.shape[0])
+        traced_nonempty(outids.shape[0])
     return IndiceData(indices if subm else outids, indices, pairs, num, shape, out_shape, subm, ks, stride, dilation,
                       padding, rows, outids if dilated else None)
 
