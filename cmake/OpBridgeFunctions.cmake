@@ -1,13 +1,17 @@
 # opbridge_add_op_library(<name> SOURCES <op sources...>
 #                         [TORCH_NAMESPACE <ns>] [ONNX_DOMAIN <domain>] [DOMAIN_VERSION <n>])
 #
-# Builds one set of op sources into the two libraries a user loads:
-#   lib<name>_torch.so  torch.ops.load_library(...)      -> torch.ops.<ns>.<op>
+# Builds one set of op sources into the libraries a user loads:
+#   lib<name>_torch.so  opbridge.load_library(...)       -> torch.ops.<ns>.<op>
 #   lib<name>_ort.so    SessionOptions.register_custom_ops_library(...) -> domain <domain>
+#   lib<name>_ov.so     ov::Core::add_extension(...)     -> nodes of domain <domain>, and the
+#                       PyTorch frontend's torch.ops.<ns>.<op>; where the OpenVINO adapter is
+#                       there (find_package(opbridge) found OpenVINO; OPBRIDGE_WITH_OPENVINO=OFF
+#                       leaves it out)
 # plus the object library <name>_ops for C++ tests of the kernels. The adapters are
-# precompiled (opbridge::torch_adapter, opbridge::ort_adapter): an op library compiles only its
-# own sources. Works inside this repository and from any project that did
-# find_package(opbridge) (see docs/adding-an-op.md).
+# precompiled (opbridge::torch_adapter, opbridge::ort_adapter, opbridge::ov_adapter): an op
+# library compiles only its own sources. Works inside this repository and from any project that
+# did find_package(opbridge) (see docs/adding-an-op.md).
 # What an op library exports, and nothing else (version scripts below): its manifest, read by the
 # Python glue with ctypes from either side, and on the ONNX Runtime side the entry point ONNX
 # Runtime's RegisterCustomOpsLibrary looks up (a name ONNX Runtime fixes). The build passes the

@@ -223,3 +223,15 @@ def test_rule_for_a_third_party_op_targets_another_librarys_op(extra, exporter):
     assert [(n.domain, n.op_type) for n in m.graph.node] == [("opbridge", "MyAdd")]  # the built-in library's
     (got,) = opbridge.session(m).run(None, {m.graph.input[0].name: a.numpy(), m.graph.input[1].name: b.numpy()})
     np.testing.assert_allclose(got, 2 * a.numpy() + b.numpy(), rtol=1e-6)
+
+
+def test_own_ops_run_in_openvino(extra):
+    # opbridge_add_op_library in a project of its own (find_package(opbridge), OpenVINO found
+    # beside it) builds the library's OpenVINO side too: its domain's nodes run in OpenVINO.
+    assert extra.openvino_path is not None and extra.openvino_path.name == "libextra_ops_ov.so"
+    x, b = torch.randn(3, 5), torch.randn(3, 5)
+    for args in ((x, b), (x,)):
+        proto = opbridge.export(Axpy(), args)
+        feeds = {i.name: a.numpy() for i, a in zip(proto.graph.input, args)}
+        (got,) = opbridge.session(proto, runtime="openvino").run(None, feeds)
+        np.testing.assert_allclose(got, Axpy()(*args).numpy(), rtol=1e-6, atol=1e-6)

@@ -207,9 +207,11 @@ def test_load_inline_passes_include_paths_cmake_arguments_environment_and_link_f
         extra_ldflags=["-Wl,--build-id=none"])
     x = torch.arange(4, dtype=torch.float32)
     assert torch.equal(torch.ops.jitflags.scaled(x), x * 30)
-    for path in (lib.torch_path, lib.ort_path):
+    for path in (lib.torch_path, lib.ort_path, lib.openvino_path):
+        if path is None:  # no OpenVINO side here (test_openvino checks that one is built where it can be)
+            continue
         with open(path, "rb") as f:
-            assert ELFFile(f).get_section_by_name(".note.gnu.build-id") is None, path  # the link flag reached both
+            assert ELFFile(f).get_section_by_name(".note.gnu.build-id") is None, path  # the link flag reached each
 
 
 def test_the_command_loads_a_cached_library_by_name(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ domains that belong to PyTorch or ONNX, sources that define nothing or crash whi
 damaged cache entry, a killed build, a read-only cache, no compiler, one name for two sources.
 Each gets a clear error or is repaired, and the process and the cache's other entries survive."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -59,6 +60,12 @@ def load_in_child(name: str, text: str, cache: Path, **kw) -> subprocess.Complet
 
 def entries(cache: Path, name: str) -> list[Path]:
     return sorted(p.parent for p in cache.glob(f"{name}-*/entry.json"))
+
+
+# The library's sides load_inline builds here: the OpenVINO one where opbridge has it and this
+# Python has the openvino package (requirements.txt installs it).
+HAS_OPENVINO = bool(opbridge.build_info()["openvino"]) and importlib.util.find_spec("openvino") is not None
+SIDES = ("torch", "ort", "ov") if HAS_OPENVINO else ("torch", "ort")
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -138,7 +145,9 @@ def built(tmp_path_factory):
     return cache
 
 
-@pytest.mark.parametrize("damage", ["truncated record", "missing ONNX Runtime library", "changed library"])
+@pytest.mark.parametrize("damage", ["truncated record", "missing ONNX Runtime library", "changed library",
+                                    pytest.param("missing OpenVINO library", marks=pytest.mark.skipif(
+                                        not HAS_OPENVINO, reason="no OpenVINO side here"))])
 def test_a_damaged_cache_entry_is_rebuilt(built, tmp_path, damage):
     cache = tmp_path / "cache"
     shutil.copytree(built, cache)
@@ -148,6 +157,8 @@ def test_a_damaged_cache_entry_is_rebuilt(built, tmp_path, damage):
         (entry / "entry.json").write_text(text[: len(text) // 2])
     elif damage == "missing ONNX Runtime library":
         (entry / "libintact_ort.so").unlink()
+    elif damage == "missing OpenVINO library":
+        (entry / "libintact_ov.so").unlink()
     else:  # a copy cut short: the size alone would not tell every change, the record's digest does
         with open(entry / "libintact_torch.so", "r+b") as f:
             f.truncate(1000)
@@ -156,7 +167,7 @@ def test_a_damaged_cache_entry_is_rebuilt(built, tmp_path, damage):
     assert f"the cache entry {entry} is damaged" in r.stderr and "rebuilding it" in r.stderr, r.stderr
     assert entries(cache, "intact") == [entry]
     record = json.loads((entry / "entry.json").read_text())
-    assert set(record["files"]) == {"libintact_torch.so", "libintact_ort.so"}
+    assert set(record["files"]) == {f"libintact_{side}.so" for side in SIDES}
     assert jit_entry_problem(entry) is None  # the next process loads it without building
 
 

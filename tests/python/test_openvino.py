@@ -68,6 +68,18 @@ def test_detection_model_matches_eager_at_every_size(detection_model, n, k):
     assert got[0].dtype == np.int64 and got[1].shape == (k, 4, 7, 7)
 
 
+def test_one_session_follows_the_sizes_from_run_to_run(detection_model):
+    """The CPU plugin infers a dynamic model's shapes on every run by cloning opbridge's nodes, and
+    the adapter keeps the last answer per input sizes: each run at new sizes, then the first again,
+    has its own output shapes and values."""
+    sess = opbridge.session(detection_model, runtime="openvino")
+    for n, k in ((50, 10), (200, 33), (3, 0), (50, 10)):
+        args = detection_inputs(n, k, n)
+        got = sess.run(None, {name: t.numpy() for name, t in zip(NAMES, args)})
+        for mine, eager in zip(got, Detection()(*args), strict=True):
+            np.testing.assert_array_equal(mine, eager.numpy())
+
+
 def test_session_answers_as_onnxruntimes_does(detection_model):
     ov_sess = opbridge.session(detection_model, runtime="openvino")
     ort_sess = opbridge.session(detection_model)
@@ -290,36 +302,59 @@ def test_inspect_for_openvino_names_a_node_whose_conversion_fails():
     np.testing.assert_array_equal(opbridge.session(model).run(None, {"x": x})[0], np.full((1, 2, 5, 3), 4, np.float32))
 
 
-# An op library load_inline builds: it has no OpenVINO side (yet).
-INLINE = textwrap.dedent("""\
-    #include <opbridge/op.h>
+# An op library load_inline builds (as `name`, torch namespace and ONNX domain alike).
+def inline_source(name: str) -> str:
+    return textwrap.dedent("""\
+        #include <opbridge/op.h>
 
-    namespace ovless {
-    using namespace opbridge;
+        namespace inline_ops {
+        using namespace opbridge;
 
-    void twice_kernel(KernelContext& ctx, const TensorView& x, TensorView& y) {
-      const float* px = x.data_as<float>();
-      float* py = y.data_as<float>();
-      for (int64_t i = 0; i < x.numel(); ++i) py[i] = 2 * px[i];
-    }
+        void twice_kernel(KernelContext& ctx, const TensorView& x, TensorView& y) {
+          const float* px = x.data_as<float>();
+          float* py = y.data_as<float>();
+          for (int64_t i = 0; i < x.numel(); ++i) py[i] = 2 * px[i];
+        }
 
-    OPBRIDGE_OP(twice)
-        .doc("2 x")
-        .types("T", {DType::Float32})
-        .input("x", "T", "operand")
-        .output("y", "T", shape::same({"x"}), "2 x")
-        .cpu(twice_kernel);
-    }  // namespace ovless
-    """)
+        OPBRIDGE_OP(twice)
+            .doc("2 x")
+            .types("T", {DType::Float32})
+            .input("x", "T", "operand")
+            .output("y", "T", shape::same({"x"}), "2 x")
+            .cpu(twice_kernel);
+        }  // namespace inline_ops
+        """)
 
 
-class Twice(torch.nn.Module):
-    def forward(self, x):
-        return torch.ops.ovless.twice(x)
+def twice(namespace: str) -> torch.nn.Module:
+    class Twice(torch.nn.Module):
+        def forward(self, x):
+            return getattr(torch.ops, namespace).twice(x)
+
+    return Twice()
+
+
+def test_load_inline_builds_the_openvino_side(tmp_path):
+    # load_inline builds lib<name>_ov.so beside the others where the openvino package is installed:
+    # a model with the inline op runs in OpenVINO, at the example and at another size.
+    lib = opbridge.load_inline("ovinline", inline_source("ovinline"), build_directory=tmp_path / "jit")
+    assert lib.openvino_path is not None and lib.openvino_path.name == "libovinline_ov.so"
+    assert lib.openvino_path.parent == lib.ort_path.parent
+    path = tmp_path / "twice.onnx"
+    opbridge.export(twice("ovinline"), (torch.randn(3, 4),), path, exporter="torchscript", input_names=["x"],
+                    dynamic_axes={"x": {0: "n"}})
+    sess = opbridge.session(path, runtime="openvino")
+    for x in (torch.randn(3, 4), torch.randn(7, 4)):
+        np.testing.assert_array_equal(sess.run(None, {"x": x.numpy()})[0], (2 * x).numpy())
+    report = opbridge.verify(twice("ovinline"), (torch.randn(5, 4),), path, runtime="openvino")
+    assert report.ok and report.runtime == "OpenVINO", report.table()
+    assert statuses(onnx.load(path))[("ovinline", "Twice")].status == "opbridge"
 
 
 def test_a_library_without_openvino_side_stops_only_the_models_using_it(detection_model, tmp_path):
-    lib = opbridge.load_inline("ovless", INLINE, build_directory=tmp_path / "jit")
+    # Built with its OpenVINO side turned off (as where opbridge has none, or OpenVINO differs).
+    lib = opbridge.load_inline("ovless", inline_source("ovless"), build_directory=tmp_path / "jit",
+                               extra_cmake_args=["-DOPBRIDGE_WITH_OPENVINO=OFF"])
     assert lib.ort_path is not None and lib.openvino_path is None
     # A model of other libraries' ops runs in OpenVINO with it loaded.
     args = detection_inputs(40, 6, 4)
@@ -330,12 +365,12 @@ def test_a_library_without_openvino_side_stops_only_the_models_using_it(detectio
     # A model using its op is refused by name (ONNX Runtime, with the library's side for it, runs it).
     x = torch.randn(3, 4)
     path = tmp_path / "twice.onnx"
-    opbridge.export(Twice(), (x,), path)
+    opbridge.export(twice("ovless"), (x,), path)
     np.testing.assert_array_equal(opbridge.session(path).run(None, {"x": x.numpy()})[0], (2 * x).numpy())
     with pytest.raises(opbridge.OpbridgeError, match=r"op library ovless has no OpenVINO side \(lib<name>_ov.so\), "
                                                      "and the model uses its ops"):
         opbridge.session(path, runtime="openvino")
-    report = opbridge.verify(Twice(), (x,), path, runtime="openvino")
+    report = opbridge.verify(twice("ovless"), (x,), path, runtime="openvino")
     assert not report.ok and report.runtime == "OpenVINO"
     assert report.cannot_run.startswith("ovless::Twice (1 node): ovless::Twice: op library 'ovless' has no "
                                         "OpenVINO side")

@@ -43,6 +43,9 @@ OTHER_TORCHES = {"2.14.1": ["torch==2.14.1", "torchvision==0.29.1", "scikit-buil
 # What a manylinux wheel may name (the policies' system libraries) besides its own files.
 SYSTEM_LIBRARIES = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2",
                     "libpthread.so.0", "libdl.so.2", "librt.so.1"}
+# What the OpenVINO side names besides: the `openvino` package's own libraries (OpenVINO loads them
+# before it loads an extension).
+OPENVINO_LIBRARIES = re.compile(r"libopenvino\.so\.\d+|libtbb\.so\.12")
 
 
 def run(cmd, **kw):
@@ -56,6 +59,13 @@ class Build:
     torch: str  # the version built against
     python: Path  # the Python that built it (its torch)
     wheel: Path
+
+    @property
+    def openvino(self) -> str | None:
+        """The `openvino` package of the Python that built it (None: none there)."""
+        r = subprocess.run([str(self.python), "-c", "import importlib.metadata as m; print(m.version('openvino'))"],
+                           capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else None
 
 
 @pytest.fixture(scope="module", params=[THIS_TORCH, *OTHER_TORCHES])
@@ -78,8 +88,13 @@ def test_wheel_is_manylinux_and_auditwheel_agrees(build):
     m = re.fullmatch(rf"opbridge-{re.escape(opbridge.__version__)}-py3-none-(manylinux_2_(\d+)_x86_64)\.whl",
                      build.wheel.name)
     assert m, build.wheel.name
-    r = run([ROOT / ".venv" / "bin" / "auditwheel", "show", build.wheel])
-    assert f'consistent with the following platform tag: "{m.group(1)}"' in " ".join(r.stdout.split()), r.stdout
+    shown = json.loads(run([ROOT / ".venv" / "bin" / "auditwheel", "show", "--json", build.wheel]).stdout)
+    assert shown["sym_tag"] == m.group(1), shown
+    # The OpenVINO side's OpenVINO libraries are left out on purpose (they are the openvino
+    # package's): they alone may hold the overall tag down, and only where that side was built.
+    external = set(shown["external_libs"])
+    assert all(OPENVINO_LIBRARIES.fullmatch(lib) for lib in external) and bool(external) == bool(build.openvino), shown
+    assert shown["overall_tag"] == (m.group(1) if not external else "linux_x86_64"), shown
     # The floor docs/serving.md and the README state: glibc 2.34 (a build on Debian 12).
     assert int(m.group(2)) <= 34
 
@@ -95,6 +110,8 @@ def test_binaries_name_only_system_libraries(build):
             elf = ELFFile(io.BytesIO(data))
             dyn = next((s for s in elf.iter_sections() if isinstance(s, DynamicSection)), None)
             needed = {t.needed for t in dyn.iter_tags() if t.entry.d_tag == "DT_NEEDED"} if dyn else set()
+            if name.endswith("_ov.so"):
+                needed = {n for n in needed if not OPENVINO_LIBRARIES.fullmatch(n)}
             assert needed <= SYSTEM_LIBRARIES | {"libonnxruntime.so.1"}, (name, needed - SYSTEM_LIBRARIES)
 
 
@@ -112,6 +129,14 @@ def test_wheel_stores_every_library_once(build):
                 "include/onnxruntime/onnxruntime_c_api.h"):
         assert f"opbridge/_sdk/{lib}" in names
     assert info["torch"] == build.torch and info["opbridge"] == opbridge.__version__
+    # The OpenVINO side where the building Python had the `openvino` package, and only there.
+    ov_files = {"lib/libopbridge_ov.so", "lib/libopbridge_ov_adapter.a", "lib/cmake/opbridge/OpBridgeOpenVINO.cmake",
+                "lib/cmake/opbridge/opbridgeOpenVINOTargets.cmake"}
+    assert info["openvino"] == build.openvino
+    if build.openvino:
+        assert {f"opbridge/_sdk/{f}" for f in ov_files} <= set(names)
+    else:
+        assert not [n for n in names if "_ov.so" in n or "OpenVINOTargets" in n]
     licences = {Path(n).name for n in names if "/licenses/" in n}
     assert {"LICENSE", "ONNXRuntime-LICENSE.txt", "Eigen-MPL-2.0.txt", "CLI11.txt", "nlohmann-json.txt"} <= licences
     assert not [n for n in names if n.startswith("opbridge/_sdk/") and "__pycache__" in n]
@@ -186,37 +211,78 @@ def test_export_session_and_inspect_outside_the_source_tree(fresh_env, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+# An op for load_inline in the fresh environment, and a script's function that builds it as
+# library `name`, runs it eagerly and exports a model calling it, which runs in `runtime` (by
+# default ONNX Runtime) equal to eager.
+TWICE_SOURCE = textwrap.dedent("""\
+    #include <opbridge/op.h>
+    namespace twice_op {
+    using namespace opbridge;
+    void twice_kernel(KernelContext& ctx, const TensorView& x, TensorView& y) {
+      const float* a = x.data_as<float>();
+      float* b = y.data_as<float>();
+      for (int64_t i = 0; i < x.numel(); ++i) b[i] = 2 * a[i];
+    }
+    OPBRIDGE_OP(twice).doc("2x.").types("T", {DType::Float32}).input("x", "T", "x")
+        .output("y", "T", shape::same({"x"}), "2x").cpu(twice_kernel);
+    }
+""")
+TWICE_IN_A_MODEL = textwrap.dedent("""\
+    import numpy as np, torch, opbridge
+
+    def twice_in_a_model(name, **session_kw):
+        lib = opbridge.load_inline(name, open("twice.cc").read(), build_directory="jit")
+        op = getattr(torch.ops, name).twice
+        x = torch.randn(7)
+        np.testing.assert_array_equal(op(x).numpy(), 2 * x.numpy())
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return op(x)
+        opbridge.export(M(), (x,), f"{name}.onnx", input_names=["x"])
+        (y,) = opbridge.session(f"{name}.onnx", **session_kw).run(None, {"x": x.numpy()})
+        np.testing.assert_array_equal(y, 2 * x.numpy())
+        return lib
+""")
+
+
+def run_script(fresh_env, tmp_path, script: str) -> None:
+    """`script` after TWICE_IN_A_MODEL, run in the fresh environment; it prints ok at its end."""
+    (tmp_path / "twice.cc").write_text(TWICE_SOURCE)
+    (tmp_path / "check.py").write_text(TWICE_IN_A_MODEL + textwrap.dedent(script) + 'print("ok")\n')
+    r = in_env(fresh_env, [fresh_env / "bin" / "python", "check.py"], tmp_path)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
 def test_load_inline_builds_against_the_installed_torch(fresh_env, tmp_path):
     # The installed CMake package finds this environment's torch headers (C++20 ones for 2.14)
     # without a CUDA toolkit, and the op runs eagerly, and in ONNX Runtime.
-    script = textwrap.dedent(r'''
-        import numpy as np, torch, opbridge
-        lib = opbridge.load_inline("twice", """
-        #include <opbridge/op.h>
-        namespace twice_ops {
-        using namespace opbridge;
-        void twice_kernel(KernelContext& ctx, const TensorView& x, TensorView& y) {
-          const float* a = x.data_as<float>();
-          float* b = y.data_as<float>();
-          for (int64_t i = 0; i < x.numel(); ++i) b[i] = 2 * a[i];
-        }
-        OPBRIDGE_OP(twice).doc("2x.").types("T", {DType::Float32}).input("x", "T", "x")
-            .output("y", "T", shape::same({"x"}), "2x").cpu(twice_kernel);
-        }
-        """, build_directory="jit")
-        x = torch.randn(7)
-        np.testing.assert_array_equal(torch.ops.twice.twice(x).numpy(), 2 * x.numpy())
-        class M(torch.nn.Module):
-            def forward(self, x):
-                return torch.ops.twice.twice(x)
-        opbridge.export(M(), (x,), "twice.onnx", input_names=["x"])
-        (y,) = opbridge.session("twice.onnx").run(None, {"x": x.numpy()})
-        np.testing.assert_array_equal(y, 2 * x.numpy())
-        print("ok")
+    run_script(fresh_env, tmp_path, 'twice_in_a_model("twice")\n')
+
+
+def test_openvino_side_of_the_installed_wheel(build, fresh_env, tmp_path):
+    # With the `openvino` the wheel was built with installed beside it: the built-in library's
+    # OpenVINO side runs an exported model, and load_inline builds an inline op's OpenVINO side
+    # through the installed CMake package (which finds the openvino package beside it).
+    if not build.openvino:
+        pytest.skip(f"the Python that built the torch {build.torch} wheel has no openvino: the wheel has no "
+                    "OpenVINO side (test_wheel_stores_every_library_once checks that)")
+    run([fresh_env / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
+         f"openvino=={build.openvino}"])
+    run_script(fresh_env, tmp_path, r'''
+        lib = opbridge.builtin
+        assert "site-packages" in str(lib.openvino_path) and lib.openvino_path.name == "libopbridge_ov.so", \
+            (lib.ort_path, lib.openvino_path)
+        class Block(torch.nn.Module):
+            def forward(self, x, y):
+                return torch.ops.opbridge.dual_residual(torch.ops.opbridge.my_add(x, y), y, alpha=0.5)
+        x, y = torch.randn(3, 4), torch.randn(3, 4)
+        opbridge.export(Block(), (x, y), "block.onnx", input_names=["x", "y"])
+        got = opbridge.session("block.onnx", runtime="openvino").run(None, {"x": x.numpy(), "y": y.numpy()})
+        for g, w in zip(got, Block()(x, y)):
+            np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, atol=1e-6)
+        lib = twice_in_a_model("twice_ov", runtime="openvino")
+        assert lib.openvino_path is not None and lib.openvino_path.name == "libtwice_ov_ov.so", lib.ort_path
     ''')
-    (tmp_path / "jit.py").write_text(script)
-    r = in_env(fresh_env, [fresh_env / "bin" / "python", "jit.py"], tmp_path)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
 
 
 TORCHVISION_DETECTION = textwrap.dedent("""

@@ -1,9 +1,10 @@
 """opbridge.load_inline / opbridge.load: op definitions compiled at run time from a string or
-files into both libraries (lib<name>_torch.so, lib<name>_ort.so) through the installed CMake
+files into the op library's sides (lib<name>_torch.so, lib<name>_ort.so, and lib<name>_ov.so where
+the `openvino` package is installed and opbridge was built with it) through the installed CMake
 package (opbridge_add_op_library, as an out-of-tree project uses it), then loaded.
 
 Builds are cached by a hash of everything that decides the binaries (sources, names, flags, the
-compiler, opbridge's build, torch, Python): a second call, in this process or another, loads the
+compiler, opbridge's build, torch, OpenVINO, Python): a second call, in this process or another, loads the
 cached libraries without building. Each cache entry has a lock file; a build happens in a
 temporary folder that is renamed into place when complete, so concurrent callers wait for one
 build and a killed build leaves nothing that looks finished."""
@@ -14,6 +15,8 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -194,6 +197,7 @@ def _key(name, ns, domain, options: _Options, files, compiler) -> str:
     what = {"name": name, "namespace": ns, "domain": domain, "options": dataclasses.asdict(options),
             "sources": [(n, text, str(p) if p else None) for n, text, p in files],
             "compiler": [compiler, version], "opbridge": build_info(), "torch": torch.__version__,
+            "openvino": _openvino_cmake_dir() and importlib.metadata.version("openvino"),
             "python": sys.version, "platform": sys.platform}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
@@ -219,9 +223,19 @@ def _cmake_lists(name, ns, domain, options: _Options, sources: list[str]) -> str
         text += f"target_compile_options({name}_ops PRIVATE {listed(options.cflags)})\n"
     if options.include_paths:
         text += f"target_include_directories({name}_ops PRIVATE {listed(options.include_paths)})\n"
-    for target in (f"{name}_torch", f"{name}_ort") if options.ldflags else ():
-        text += f"target_link_options({target} PRIVATE {listed(options.ldflags)})\n"
+    for target in (f"{name}_torch", f"{name}_ort", f"{name}_ov") if options.ldflags else ():
+        text += f"if(TARGET {target})\n  target_link_options({target} PRIVATE {listed(options.ldflags)})\nendif()\n"
     return text
+
+
+def _openvino_cmake_dir() -> str | None:
+    """The CMake package of the `openvino` pip package of this Python (found without importing
+    it), for the library's OpenVINO side; None without one."""
+    spec = importlib.util.find_spec("openvino")
+    for folder in (spec.submodule_search_locations or ()) if spec else ():
+        if (Path(folder) / "cmake" / "OpenVINOConfig.cmake").is_file():
+            return str(Path(folder) / "cmake")
+    return None
 
 
 def _build(name, ns, domain, options: _Options, files, compiler, root: Path, entry: Path, verbose: bool) -> None:
@@ -252,8 +266,13 @@ def _build(name, ns, domain, options: _Options, files, compiler, root: Path, ent
     print(f"opbridge: building op library '{name}' (first use of this source; cached in {entry})", file=sys.stderr)
     start = time.perf_counter()
     prefix = f"{cmake_prefix_path()};{torch.utils.cmake_prefix_path}"
+    # The OpenVINO side where this Python has the `openvino` package (opbridge's CMake package
+    # builds it when that is the OpenVINO opbridge was built with, and says so when it is not).
+    ov_dir = _openvino_cmake_dir()
+    ov = [f"-DOpenVINO_DIR={ov_dir}"] if ov_dir else ["-DOPBRIDGE_WITH_OPENVINO=OFF"]
     steps = [("configure", ["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                            f"-DCMAKE_CXX_COMPILER={compiler}", f"-DCMAKE_PREFIX_PATH={prefix}", *options.cmake_args]),
+                            f"-DCMAKE_CXX_COMPILER={compiler}", f"-DCMAKE_PREFIX_PATH={prefix}", *ov,
+                            *options.cmake_args]),
              ("compile", ["cmake", "--build", str(build)])]
     with open(log_path, "w") as log:
         for step, cmd in steps:
@@ -268,6 +287,7 @@ def _build(name, ns, domain, options: _Options, files, compiler, root: Path, ent
                 raise fail(_failure(name, step, r.stdout, src))
             print(f"opbridge:   {step}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         libs = [f"lib{name}_torch.so", f"lib{name}_ort.so"]
+        libs += [f"lib{name}_ov.so"] if (build / f"lib{name}_ov.so").is_file() else []
         for lib in libs:
             shutil.copy2(build / lib, work / lib)
         shutil.rmtree(build)
