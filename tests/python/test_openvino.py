@@ -126,6 +126,17 @@ def test_runtime_and_options_are_checked(detection_model):
         opbridge.session(detection_model, runtime="openvino", options=opbridge.session_options())
 
 
+def test_another_openvino_than_the_one_built_against_is_named(detection_model, monkeypatch):
+    # The OpenVINO side links the versioned libopenvino.so of its build: the loader's own error
+    # would name neither opbridge nor the version to install.
+    import opbridge._runtime.openvino as ov_runtime
+    built = dict(opbridge.build_info(), openvino="2025.1.0")
+    monkeypatch.setattr(ov_runtime, "build_info", lambda: built)
+    with pytest.raises(opbridge.OpbridgeError, match=r"built against openvino 2025\.1\.0, and openvino 2026\.4\.1 "
+                                                     r"is installed: pip install openvino==2025\.1\.0"):
+        opbridge.session(detection_model, runtime="openvino")
+
+
 def test_kernel_error_at_run_names_the_op_and_node(detection_model):
     sess = opbridge.session(detection_model, runtime="openvino")
     boxes, scores, feats, rois = detection_inputs(10, 2, 3)

@@ -10,6 +10,7 @@ The session answers ONNX Runtime's calls: run(output_names, feeds), get_inputs()
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 import re
 import tempfile
@@ -22,6 +23,7 @@ import onnx
 import onnx.inliner
 
 from .._library.errors import OpbridgeError
+from .._library.files import build_info
 from .._library.registry import libraries as loaded_libraries
 from .own_nodes import with_own_nodes
 
@@ -59,6 +61,12 @@ def _openvino():
         import openvino
     except ImportError as e:
         raise OpbridgeError(f"runtime='openvino' needs OpenVINO: pip install {OPENVINO}") from e
+    # The OpenVINO side links the versioned libopenvino.so it was built against: another version
+    # would fail in the loader with a message that names neither opbridge nor the fix.
+    built, found = build_info().get("openvino"), importlib.metadata.version("openvino")
+    if built and found != built:
+        raise OpbridgeError(f"runtime='openvino': opbridge's OpenVINO side was built against openvino {built}, "
+                            f"and openvino {found} is installed: pip install openvino=={built}")
     return openvino
 
 
@@ -71,8 +79,7 @@ def extension_paths(extra: Sequence[str | os.PathLike] = (), domains: set[str] |
     if lacking:
         raise OpbridgeError(f"op librar{'ies' if len(lacking) > 1 else 'y'} {', '.join(lacking)} "
                             "ha{} no OpenVINO side (lib<name>_ov.so), and the model uses {}: it is built where "
-                            "OpenVINO's CMake package is found (pip install {}, then rebuild; load_inline does not "
-                            "build one yet)".format("ve" if len(lacking) > 1 else "s",
+                            "OpenVINO's CMake package is found (pip install {}, then rebuild it)".format("ve" if len(lacking) > 1 else "s",
                                                     "their ops" if len(lacking) > 1 else "its ops", OPENVINO))
     paths = [lib.openvino_path for lib in loaded_libraries() if lib.openvino_path is not None]
     for given in extra:
