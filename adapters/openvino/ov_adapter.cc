@@ -85,9 +85,19 @@ ov::element::Type to_ov(DType t) {
 }
 
 std::optional<DType> from_ov(const ov::element::Type& t) {
-  for (DType d : kAllDTypes)
-    if (to_ov(d) == t) return d;
-  return std::nullopt;
+  switch (ov::element::Type_t(t)) {  // a switch: evaluate asks once per input per call
+    case ov::element::Type_t::f32: return DType::Float32;
+    case ov::element::Type_t::f64: return DType::Float64;
+    case ov::element::Type_t::i32: return DType::Int32;
+    case ov::element::Type_t::i64: return DType::Int64;
+    case ov::element::Type_t::boolean: return DType::Bool;
+    case ov::element::Type_t::u8: return DType::UInt8;
+    case ov::element::Type_t::f16: return DType::Float16;
+    case ov::element::Type_t::bf16: return DType::BFloat16;
+    case ov::element::Type_t::i8: return DType::Int8;
+    case ov::element::Type_t::i16: return DType::Int16;
+    default: return std::nullopt;
+  }
 }
 
 // OpenVINO's CPU plugin carries int64 as int32 and float64 as float32 (it lowers a model's
@@ -142,20 +152,26 @@ const ov::DiscreteTypeInfo& type_info(const OpSpec& op) {
   return *i.info;
 }
 
+bool same_shape(const ov::Shape& a, const Shape& b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](size_t x, int64_t y) { return static_cast<int64_t>(x) == y; });
+}
+
 // OpenVINO's pool as a kernel's host; outputs are the evaluate call's tensors, shaped here.
 class OvHost final : public KernelHost {
  public:
   explicit OvHost(ov::TensorVector& outputs) : outputs_(outputs) {}
   void* output_memory(size_t i, DType dtype, const Shape& shape) override {
-    ov::Shape s(shape.begin(), shape.end());
     ov::Tensor& t = outputs_.at(i);
-    if (!t) t = ov::Tensor(to_ov(dtype), s);
-    else if (t.get_shape() != s) t.set_shape(s);
+    // The plugin hands a node of static shapes its outputs allocated and shaped: then nothing is
+    // built here (an ov::Shape per call was a fifth of the adapter's per-call work).
+    if (!t) t = ov::Tensor(to_ov(dtype), ov::Shape(shape.begin(), shape.end()));
+    else if (!same_shape(t.get_shape(), shape)) t.set_shape(ov::Shape(shape.begin(), shape.end()));
     if (t.get_element_type() == to_ov(dtype)) return t.data();
     scratch_.resize(outputs_.size());
     Scratch& k = scratch_[i];  // the plugin's narrower type: the kernel writes here, finish() casts
     k.dtype = dtype;
-    k.bytes.resize(ov::shape_size(s) * dtype_size(dtype));
+    k.bytes.resize(t.get_size() * dtype_size(dtype));
     return k.bytes.data();
   }
   // Narrows what the kernel wrote into outputs of another element type.
@@ -198,37 +214,56 @@ class OvHost final : public KernelHost {
   std::vector<Scratch> scratch_;
 };
 
-// One node of any op. `slots_[i]` is the node input that carries op input i (then the symbolic
+// One node of any op. `slots[i]` is the node input that carries op input i (then the symbolic
 // attributes' inputs, in OpSpec::symbolic_attrs order), -1 where absent.
 class OpNode final : public ov::op::Op {
+  struct Shared;
+
  public:
   OpNode(const OpSpec& op, const ov::OutputVector& args, std::vector<AttrValue> attrs, std::vector<int> slots,
          std::string node_name)
-      : ov::op::Op(args), op_(op), attrs_(std::move(attrs)), slots_(std::move(slots)), sym_(op.symbolic_attrs()) {
-    set_friendly_name(node_name.empty() ? op.export_as.onnx_name : node_name);
+      : OpNode(op, args, make_shared_data(op, std::move(attrs), std::move(slots)),
+               node_name.empty() ? op.export_as.onnx_name : node_name) {}
+
+  // A clone shares the node's attributes and its last validation (make_shared needs it public).
+  OpNode(const OpSpec& op, const ov::OutputVector& args, std::shared_ptr<Shared> shared, const std::string& name)
+      : ov::op::Op(args), op_(op), d_(std::move(shared)) {
+    set_friendly_name(name);
     constructor_validate_and_infer_types();
   }
 
   const ov::DiscreteTypeInfo& get_type_info() const override { return type_info(op_); }
 
   void validate_and_infer_types() override {
+    // In a model of dynamic sizes the CPU plugin infers this node's output shapes on every
+    // inference by cloning it onto the inputs' sizes and validating the clone (it has no shape
+    // inference of its own for the node): the rules' answer for the same input types and static
+    // sizes is kept, and a clone is a few shared pointers.
+    thread_local std::vector<int64_t> key;
+    const bool keyed = static_key(key);
+    if (keyed) {
+      std::lock_guard<std::mutex> lock(d_->mu);
+      if (d_->last_valid && d_->last_key == key) {
+        for (size_t o = 0; o < d_->last_types.size(); ++o) set_output_type(o, d_->last_types[o], d_->last_shapes[o]);
+        return;
+      }
+    }
     const size_t n_in = op_.inputs.size();
     std::vector<std::optional<DType>> dtypes(n_in);
     std::vector<std::vector<ov::Dimension>> shapes(n_in);
     std::vector<const std::vector<ov::Dimension>*> present(n_in, nullptr);
     bool ranks_known = true;
     for (size_t i = 0; i < n_in; ++i) {
-      if (slots_[i] < 0) continue;
-      const auto t = get_input_element_type(slots_[i]);
+      if (d_->slots[i] < 0) continue;
+      const auto t = get_input_element_type(d_->slots[i]);
       if (t.is_static()) {
         dtypes[i] = from_ov(t);
         if (!dtypes[i]) fail("input '" + op_.inputs[i].name + "' has element type " + t.get_type_name() +
                              ", which opbridge kernels do not take");
-        const auto& allowed = allowed_types(op_.inputs[i].type);
         const auto wide = wide_of(*dtypes[i]);
-        if (wide && !contains(allowed, *dtypes[i]) && contains(allowed, *wide)) dtypes[i] = *wide;
+        if (wide && !contains(*d_->allowed[i], *dtypes[i]) && contains(*d_->allowed[i], *wide)) dtypes[i] = *wide;
       }
-      const ov::PartialShape& ps = get_input_partial_shape(slots_[i]);
+      const ov::PartialShape& ps = get_input_partial_shape(d_->slots[i]);
       if (ps.rank().is_dynamic()) ranks_known = false;
       else shapes[i].assign(ps.begin(), ps.end());
       present[i] = &shapes[i];
@@ -239,25 +274,36 @@ class OpNode final : public ov::op::Op {
       out_types = output_dtypes(op_, resolve_types(op_, dtypes));
       if (ranks_known) {
         std::vector<std::optional<ov::Dimension>> symbolic(op_.attrs.size());
-        const std::vector<size_t> sym = op_.symbolic_attrs();
-        for (size_t j = 0; j < sym.size(); ++j)
-          if (slots_[n_in + j] >= 0) symbolic[sym[j]] = ov::Dimension::dynamic();  // read when it runs
-        out_shapes = ShapeInference<ov::Dimension>(op_, present, attrs_, symbolic).run();
+        for (size_t j = 0; j < d_->sym.size(); ++j)
+          if (d_->slots[n_in + j] >= 0) symbolic[d_->sym[j]] = ov::Dimension::dynamic();  // read when it runs
+        out_shapes = ShapeInference<ov::Dimension>(op_, present, d_->attrs, symbolic).run();
       }
     } catch (const std::exception& e) {
       fail(e.what());
     }
+    std::vector<ov::element::Type> types;
+    std::vector<ov::PartialShape> partial;
     for (size_t o = 0; o < op_.outputs.size(); ++o) {
-      ov::PartialShape ps = ranks_known ? ov::PartialShape(out_shapes[o]) : ov::PartialShape::dynamic();
-      set_output_type(o, to_ov(out_types[o]), ps);
+      types.push_back(to_ov(out_types[o]));
+      partial.push_back(ranks_known ? ov::PartialShape(out_shapes[o]) : ov::PartialShape::dynamic());
+      set_output_type(o, types[o], partial[o]);
+    }
+    if (keyed) {
+      std::lock_guard<std::mutex> lock(d_->mu);
+      d_->last_key = key;
+      d_->last_types = std::move(types);
+      d_->last_shapes = std::move(partial);
+      d_->last_valid = true;
     }
   }
 
   std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override {
-    return std::make_shared<OpNode>(op_, args, attrs_, slots_, get_friendly_name());
+    return std::make_shared<OpNode>(op_, args, d_, get_friendly_name());
   }
 
   bool visit_attributes(ov::AttributeVisitor& v) override {
+    // A visitor may set the attributes: this node gets its own copy, apart from its clones.
+    d_ = make_shared_data(op_, d_->attrs, d_->slots);
     for (size_t i = 0; i < op_.attrs.size(); ++i) {
       const std::string& name = op_.attrs[i].name;
       std::visit([&](auto& value) {
@@ -269,7 +315,7 @@ class OpNode final : public ov::op::Op {
         } else {
           v.on_attribute(name, value);
         }
-      }, attrs_[i]);
+      }, d_->attrs[i]);
     }
     return true;
   }
@@ -287,18 +333,21 @@ class OpNode final : public ov::op::Op {
     b.widened.resize(n_in);
     try {
       for (size_t i = 0; i < n_in; ++i) {
-        if (slots_[i] < 0) continue;
-        const ov::Tensor& t = inputs.at(slots_[i]);
+        if (d_->slots[i] < 0) continue;
+        const ov::Tensor& t = inputs.at(d_->slots[i]);
         const auto dtype = from_ov(t.get_element_type());
         OB_CHECK(dtype, "input '", op_.inputs[i].name, "' has element type ", t.get_element_type().get_type_name(),
                  ", which opbridge kernels do not take");
         TensorView& view = b.views[i];
         view.dtype = *dtype;
-        view.shape.assign(t.get_shape().begin(), t.get_shape().end());
-        contiguous_strides(view.shape, view.strides);
+        const ov::Shape& shape = t.get_shape();
+        if (!same_shape(shape, view.shape)) {  // the thread's last view of this input kept its strides
+          view.shape.assign(shape.begin(), shape.end());
+          contiguous_strides(view.shape, view.strides);
+        }
         view.data = const_cast<void*>(t.data());
         const auto wide = wide_of(*dtype);
-        if (wide && !contains(allowed_types(op_.inputs[i].type), *dtype)) {  // the plugin narrowed it
+        if (wide && !contains(*d_->allowed[i], *dtype)) {  // the plugin narrowed it
           b.widened[i].resize(t.get_size() * dtype_size(*wide));
           cast(t.data(), *dtype, b.widened[i].data(), *wide, t.get_size(), op_.inputs[i].name.c_str());
           view.dtype = *wide;
@@ -306,16 +355,17 @@ class OpNode final : public ov::op::Op {
         }
         b.args[i] = &view;
       }
-      const std::vector<AttrValue>* attrs = &attrs_;
-      for (size_t j = 0; j < sym_.size(); ++j) {
-        if (slots_[n_in + j] < 0) continue;
-        if (attrs == &attrs_) b.attrs = attrs_, attrs = &b.attrs;
-        const ov::Tensor& t = inputs.at(slots_[n_in + j]);
+      const std::vector<AttrValue>* attrs = &d_->attrs;
+      for (size_t j = 0; j < d_->sym.size(); ++j) {
+        if (d_->slots[n_in + j] < 0) continue;
+        if (attrs == &d_->attrs) b.attrs = d_->attrs, attrs = &b.attrs;
+        const ov::Tensor& t = inputs.at(d_->slots[n_in + j]);
         // int64, or the int32 the CPU plugin carries it as
         const bool i64 = t.get_element_type() == ov::element::i64, i32 = t.get_element_type() == ov::element::i32;
-        OB_CHECK((i64 || i32) && t.get_size() == 1, "input '", op_.attrs[sym_[j]].name, "_value' gives attribute '",
-                 op_.attrs[sym_[j]].name, "' and must be an int64 scalar or 1-element tensor");
-        b.attrs[sym_[j]] = i64 ? *static_cast<const int64_t*>(t.data()) : int64_t{*static_cast<const int32_t*>(t.data())};
+        const size_t a = d_->sym[j];
+        OB_CHECK((i64 || i32) && t.get_size() == 1, "input '", op_.attrs[a].name, "_value' gives attribute '",
+                 op_.attrs[a].name, "' and must be an int64 scalar or 1-element tensor");
+        b.attrs[a] = i64 ? *static_cast<const int64_t*>(t.data()) : int64_t{*static_cast<const int32_t*>(t.data())};
       }
       OvHost host(outputs);
       run_kernel(op_, b.args, *attrs, host, b.call);
@@ -327,8 +377,8 @@ class OpNode final : public ov::op::Op {
   }
 
  private:
-  const std::vector<DType>& allowed_types(const std::string& constraint) const {
-    for (const TypeConstraint& t : op_.types)
+  static const std::vector<DType>& allowed_types(const OpSpec& op, const std::string& constraint) {
+    for (const TypeConstraint& t : op.types)
       if (t.name == constraint) return t.allowed;
     static const std::vector<DType> none;
     return none;
@@ -337,6 +387,42 @@ class OpNode final : public ov::op::Op {
 
   [[noreturn]] void fail(const std::string& why) const {
     OPENVINO_THROW(op_.qualified_name(), " (node '", get_friendly_name(), "'): ", why);
+  }
+
+  // What a node and its clones share: fixed when the node is made, and the last validation.
+  struct Shared {
+    std::vector<AttrValue> attrs;
+    std::vector<int> slots;
+    std::vector<size_t> sym;                          // op.symbolic_attrs()
+    std::vector<const std::vector<DType>*> allowed;  // per op input, its constraint's dtypes
+    std::mutex mu;  // guards the rest: clones validate on any thread
+    bool last_valid = false;
+    std::vector<int64_t> last_key;  // static_key's
+    std::vector<ov::element::Type> last_types;
+    std::vector<ov::PartialShape> last_shapes;
+  };
+  static std::shared_ptr<Shared> make_shared_data(const OpSpec& op, std::vector<AttrValue> attrs,
+                                                  std::vector<int> slots) {
+    auto d = std::make_shared<Shared>();
+    d->attrs = std::move(attrs);
+    d->slots = std::move(slots);
+    d->sym = op.symbolic_attrs();
+    for (const InputSpec& in : op.inputs) d->allowed.push_back(&allowed_types(op, in.type));
+    return d;
+  }
+
+  // The node's inputs' element types and sizes as numbers, when all are static.
+  bool static_key(std::vector<int64_t>& key) const {
+    key.clear();
+    for (size_t k = 0; k < get_input_size(); ++k) {
+      const ov::element::Type& t = get_input_element_type(k);
+      const ov::PartialShape& ps = get_input_partial_shape(k);
+      if (t.is_dynamic() || ps.is_dynamic()) return false;
+      key.push_back(static_cast<int64_t>(ov::element::Type_t(t)));
+      key.push_back(static_cast<int64_t>(ps.size()));
+      for (const ov::Dimension& d : ps) key.push_back(d.get_length());
+    }
+    return true;
   }
 
   struct Buffers {
@@ -349,9 +435,7 @@ class OpNode final : public ov::op::Op {
   };
 
   const OpSpec& op_;
-  std::vector<AttrValue> attrs_;
-  std::vector<int> slots_;
-  std::vector<size_t> sym_;  // op_.symbolic_attrs()
+  std::shared_ptr<Shared> d_;  // replaced only by visit_attributes
 };
 
 // ---- the ONNX frontend ------------------------------------------------------------------------

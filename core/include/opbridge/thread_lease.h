@@ -3,21 +3,22 @@
 // inside another on one thread: never expected of the runtimes) gets fresh storage instead.
 #pragma once
 
+#include <optional>
+
 namespace opbridge {
 
 template <typename T>  // T: default-constructible storage with a `bool in_use` member
 class ThreadLease {
  public:
-  explicit ThreadLease(T& kept) : kept_(kept), fresh_(kept.in_use) { get().in_use = true; }
-  ~ThreadLease() { get().in_use = false; }
+  explicit ThreadLease(T& kept) : used_(kept.in_use ? own_.emplace() : kept) { used_.in_use = true; }
+  ~ThreadLease() { used_.in_use = false; }
   ThreadLease(const ThreadLease&) = delete;
   ThreadLease& operator=(const ThreadLease&) = delete;
-  T& get() { return fresh_ ? own_ : kept_; }
+  T& get() { return used_; }
 
  private:
-  T& kept_;
-  bool fresh_;
-  T own_{};
+  std::optional<T> own_;  // built only when the kept storage is in use: a warm call builds nothing
+  T& used_;
 };
 
 }  // namespace opbridge
