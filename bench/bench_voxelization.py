@@ -14,6 +14,9 @@ stable sort of the voxel keys gives the groups, each point's slot and each voxel
 a sort of the voxels by first point gives their order. For the pillar grid (220 000 cells) also the
 form closest to mmcv's kernel, a dense table of the grid's cells (scatter_reduce amin). Every
 row's output is checked equal to the subject's before timing.
+
+`--cpu-time`: the one-thread ratios again in the calling thread's CPU time (cpu_time_ratios), which
+a loaded machine does not stretch as it stretches wall time.
 """
 
 from __future__ import annotations
@@ -157,6 +160,35 @@ def run(quick: bool) -> list[Row]:
     return rows
 
 
+def cpu_time_ratios(rounds: int = 30) -> None:
+    """One thread, interleaved: the calling thread's CPU time (time.thread_time) of the op and of
+    mmcv's algorithm in PyTorch ops, per round, on the four benchmarks. CPU time is not stretched
+    by the other processes of a loaded machine as wall time is (only by their use of the caches)."""
+    import statistics
+    import time
+
+    import opbridge
+
+    opbridge.load_torch()
+    torch.set_num_threads(1)
+    for cloud_name, points in (("uniform", uniform_cloud(120_000, 0)), ("LiDAR-like scan", scan_cloud(120_000, 1))):
+        for config, (voxel_size, max_points, max_voxels) in CONFIGS.items():
+            args = (points, voxel_size, RANGE, max_points, max_voxels)
+            for got, want in zip(mmcv_formula(*args), torch.ops.opbridge.hard_voxelize(*args)):
+                assert torch.equal(got, want), f"mmcv_formula differs from the op ({config}, {cloud_name})"
+            ours, ratios = [], []
+            for _ in range(rounds):
+                t0 = time.thread_time()
+                torch.ops.opbridge.hard_voxelize(*args)
+                t1 = time.thread_time()
+                mmcv_formula(*args)
+                t2 = time.thread_time()
+                ours.append((t1 - t0) * 1e3), ratios.append((t2 - t1) / (t1 - t0))
+            q = statistics.quantiles(ratios, n=4)
+            print(f"{config} {cloud_name}: opbridge eager {statistics.median(ours):.2f} ms CPU; mmcv's algorithm "
+                  f"{statistics.median(ratios):.2f}x [{q[0]:.2f}-{q[2]:.2f}]")
+
+
 if __name__ == "__main__":
     import argparse
 
@@ -164,4 +196,9 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    print(table(run(parser.parse_args().quick)))
+    parser.add_argument("--cpu-time", action="store_true", help="one thread, CPU time ratios (cpu_time_ratios)")
+    parsed = parser.parse_args()
+    if parsed.cpu_time:
+        cpu_time_ratios()
+    else:
+        print(table(run(parsed.quick)))

@@ -179,3 +179,14 @@ def test_voxel_ids_follow_the_first_point_not_the_coordinates():
     assert coors.tolist() == [[0, 0, 5], [0, 0, 0]]
     assert num.tolist() == [2, 1]
     assert voxels[0, :, 3].tolist() == [1.0, 3.0] and voxels[1, :, 3].tolist() == [2.0, 0.0]  # the 4th point dropped
+
+
+def test_after_max_voxels_the_hash_table_keeps_taken_voxels_and_refuses_new_ones():
+    # SECOND's grid (90M cells) takes the hash table. Voxels a and b are taken (max_voxels 2); c
+    # comes after the limit: refused, at its first point and its second; a's later point is kept.
+    a, b, c = [10.01, 0.01, 0.01], [20.01, 0.01, 0.01], [30.01, 0.01, 0.01]
+    pts = torch.tensor([a + [1.0], b + [2.0], c + [3.0], a + [4.0], c + [5.0], b + [6.0], a + [7.0]])
+    voxels, coors, num = torch.ops.opbridge.hard_voxelize(pts, SECOND, KITTI, 2, 2)
+    assert coors.tolist() == [[30, 800, 200], [30, 800, 400]]
+    assert num.tolist() == [2, 2]
+    assert voxels[:, :, 3].tolist() == [[1.0, 4.0], [2.0, 6.0]]  # a's third point past max_points

@@ -34,6 +34,16 @@ class IdTable {
   // table visit keys in input order, which is random order in memory.
   void prefetch(uint64_t h) const { __builtin_prefetch(&slots_[h & mask_]); }
 
+  // The id of the key of hash h, or `absent` when the table does not hold it (nothing is stored).
+  template <typename Same>
+  int32_t find(uint64_t h, int32_t absent, Same&& same) const {
+    for (uint64_t s = h & mask_;; s = (s + 1) & mask_) {
+      const Slot& slot = slots_[s];
+      if (slot.row < 0) return absent;
+      if (slot.hash == h && same(slot.row)) return slot.id;
+    }
+  }
+
   // The id of the key of `row` (hash h), or, when it is new, the id `fresh` stored for it (the
   // caller decides ids, so a refused key can be remembered under a negative one). `same(r)` says
   // whether row r holds the same key; *inserted says whether the key was new.
