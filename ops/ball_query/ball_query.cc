@@ -2,7 +2,8 @@
 // order) whose squared distance to it is below radius², with pointnet2_ops' padding: the first
 // found fills the slots left, and an empty ball gives index 0. The search uses a grid of cells
 // no smaller than the radius (ball_query_kernel.cc); the points it returns are exactly those of a
-// scan over every point. Its family: ball_query_offset, pointops' ball query over batch segments
+// scan over every point. A positive min_radius makes the ball a shell, as mmcv's ball query
+// takes it (points at distance 0 always kept). Its family: ball_query_offset, pointops' ball query over batch segments
 // given by offsets, with a minimum radius and pointops' order of the points kept; radius,
 // torch_cluster's pairs within a radius (as many as there are: a data-dependent size); and
 // batch_pointers, a batch vector's row pointers, through which the compat functions that take a
@@ -17,12 +18,16 @@ namespace opbridge {
 OPBRIDGE_OP(ball_query)
     .doc("For each centre of new_xyz, the first nsample points of xyz (by index) whose squared distance to it is "
          "below radius² (pointnet2_ops' ball_query): slots past the points found repeat the first one, and an "
-         "empty ball gives index 0.")
+         "empty ball gives index 0. With min_radius > 0 a shell (mmcv's ball_query): the points at squared "
+         "distance in [min_radius², radius²), and those at distance 0.")
     .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
     .input("xyz", "T", "(B, N, 3) points", 3)
     .input("new_xyz", "T", "(B, M, 3) centres", 3)
     .float_attr("radius", "the ball's radius: a point is in it when its squared distance is below radius²")
     .int_attr("nsample", "points per centre, >= 1")
+    .float_attr("min_radius", 0.0,
+                "0: a ball. Else below radius: a shell, points at squared distance in [min_radius², radius²) and "
+                "those at distance 0 (mmcv's rule)")
     .check(dim("xyz", 2) == 3, "xyz must be (B, N, 3)")
     .check(dim("new_xyz", 2) == 3, "new_xyz must be (B, M, 3)")
     .check(dim("new_xyz", 0) == dim("xyz", 0), "new_xyz must have the batch size of xyz")

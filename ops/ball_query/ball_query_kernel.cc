@@ -117,13 +117,20 @@ void for_each_near(const Grid<C>& g, const C* q, F&& f) {
     }
 }
 
-// The first nsample hits of centre q (by index) into out, padded as pointnet2_ops pads.
+// The first nsample hits of centre q (by index) into out, padded as pointnet2_ops pads. A shell
+// (min2 > 0, mmcv's ball query) keeps the points at min2 <= d2 < r2 and those at d2 == 0.
 template <typename C>
-void query(const Grid<C>& g, const C* q, C r2, int64_t nsample, std::vector<int32_t>& hits, int32_t* out) {
+void query(const Grid<C>& g, const C* q, C r2, C min2, int64_t nsample, std::vector<int32_t>& hits, int32_t* out) {
   hits.clear();
-  for_each_near(g, q, [&](int32_t k, C d2) {
-    if (d2 < r2) hits.push_back(k);
-  });
+  if (min2 > C(0)) {
+    for_each_near(g, q, [&](int32_t k, C d2) {
+      if (d2 == C(0) || (d2 >= min2 && d2 < r2)) hits.push_back(k);
+    });
+  } else {
+    for_each_near(g, q, [&](int32_t k, C d2) {
+      if (d2 < r2) hits.push_back(k);
+    });
+  }
   const int64_t found = std::min<int64_t>(nsample, static_cast<int64_t>(hits.size()));
   if (static_cast<int64_t>(hits.size()) > nsample) std::nth_element(hits.begin(), hits.begin() + nsample, hits.end());
   std::sort(hits.begin(), hits.begin() + found);
@@ -166,10 +173,11 @@ std::vector<int64_t> in_cell_order(KernelContext& ctx, const std::vector<Grid<C>
 
 template <typename C>
 void run(KernelContext& ctx, const TensorView& xyz_t, const TensorView& new_xyz_t, double radius, int64_t nsample,
-         TensorView& idx) {
+         double min_radius, TensorView& idx) {
   const int64_t b = xyz_t.dim(0), n = xyz_t.dim(1), m = new_xyz_t.dim(1);
   const std::vector<C> xyz = widened<C>(xyz_t, "xyz"), centres = widened<C>(new_xyz_t, "new_xyz");
   const C r = static_cast<C>(radius), r2 = r * r;  // as the original: radius² in the compute type
+  const C min_r = static_cast<C>(min_radius), min2 = min_r * min_r;
   int32_t* out = idx.data_as<int32_t>();
   // No ball holds a point (a radius that is 0, negative or NaN, or no points): every slot is 0.
   if (!(r2 > C(0)) || n == 0) return std::fill(out, out + idx.numel(), 0);
@@ -184,7 +192,7 @@ void run(KernelContext& ctx, const TensorView& xyz_t, const TensorView& new_xyz_
     std::vector<int32_t> hits;
     for (int64_t v = lo; v < hi; ++v) {
       const int64_t t = visit[v];
-      query<C>(grids[t / m], centres.data() + t * 3, r2, nsample, hits, out + t * nsample);
+      query<C>(grids[t / m], centres.data() + t * 3, r2, min2, nsample, hits, out + t * nsample);
     }
   });
 }
@@ -412,9 +420,13 @@ void ball_query_offset_kernel(KernelContext& ctx, const TensorView& xyz, const T
 }
 
 void ball_query_kernel(KernelContext& ctx, const TensorView& xyz, const TensorView& new_xyz, double radius,
-                       int64_t nsample, TensorView& idx) {
-  if (xyz.dtype == DType::Float64) return run<double>(ctx, xyz, new_xyz, radius, nsample, idx);
-  run<float>(ctx, xyz, new_xyz, radius, nsample, idx);
+                       int64_t nsample, double min_radius, TensorView& idx) {
+  // NaN fails both: a shell needs min_radius < radius (mmcv asserts it), a ball takes min_radius 0.
+  OB_CHECK(min_radius >= 0, "min_radius must be >= 0, got ", min_radius);
+  OB_CHECK(min_radius == 0 || min_radius < radius, "min_radius (", min_radius, ") must be below radius (", radius,
+           ")");
+  if (xyz.dtype == DType::Float64) return run<double>(ctx, xyz, new_xyz, radius, nsample, min_radius, idx);
+  run<float>(ctx, xyz, new_xyz, radius, nsample, min_radius, idx);
 }
 
 void batch_pointers_kernel(KernelContext&, const TensorView& batch, const TensorView& bounds, const std::string& name,

@@ -9,9 +9,10 @@
 namespace opbridge {
 
 // Runs on inputs the spec has already validated: ranks, dtypes, (B, N, 3) and (B, M, 3) points,
-// nsample >= 1. Checks what only values tell (finite coordinates).
+// nsample >= 1. Checks what only values tell (finite coordinates) and the radii (0 <= min_radius,
+// and min_radius < radius for a shell).
 void ball_query_kernel(KernelContext& ctx, const TensorView& xyz, const TensorView& new_xyz, double radius,
-                       int64_t nsample, TensorView& idx);
+                       int64_t nsample, double min_radius, TensorView& idx);
 
 // pointops' offset-layout ball query (ball_query.cc says what it returns). Checks what the spec
 // cannot: the optional pair given together, min_radius < max_radius, the offsets' values.

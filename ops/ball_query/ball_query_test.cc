@@ -37,6 +37,43 @@ TEST(BallQueryKernel, MatchesANaiveScan) {
   }
 }
 
+TEST(BallQueryKernel, AShellKeepsThePointsFromMinRadiusAndThoseOnTheCentre) {
+  // mmcv's rule: d² == 0, or min_radius² <= d² < radius². Along x from the centre at 0: a copy of
+  // the centre, 0.25 (inside min_radius 0.5), 0.5 (on it: kept), 0.75, 1.0 (on radius: out).
+  Tensor xyz = Tensor::of<float>({1, 5, 3}, {0.25f, 0, 0, 0, 0, 0, 0.5f, 0, 0, 1, 0, 0, 0.75f, 0, 0});
+  Tensor centre = Tensor::of<float>({1, 1, 3}, {0, 0, 0});
+  auto query = [&](double min_radius) {
+    return run("ball_query", {xyz, centre}, {{"radius", 1.0}, {"nsample", int64_t{4}}, {"min_radius", min_radius}},
+               false)[0].values<int32_t>();
+  };
+  EXPECT_EQ(query(0.5), (std::vector<int32_t>{1, 2, 4, 1}));
+  EXPECT_EQ(query(0.0), (std::vector<int32_t>{0, 1, 2, 4}));  // a ball: the first four by index
+  // A large cloud, many threads: the grid search finds what a scan finds.
+  Tensor cloud = Tensor::random<float>({1, 3000, 3}, 11), centres = Tensor::random<float>({1, 100, 3}, 12);
+  const std::vector<float> p = cloud.values<float>(), q = centres.values<float>();
+  std::vector<int32_t> want(100 * 16, 0);
+  const float lo2 = 0.2f * 0.2f, hi2 = 0.3f * 0.3f;
+  for (int64_t j = 0; j < 100; ++j) {
+    int64_t found = 0;
+    for (int64_t k = 0; k < 3000 && found < 16; ++k) {
+      const float dx = q[j * 3] - p[k * 3], dy = q[j * 3 + 1] - p[k * 3 + 1], dz = q[j * 3 + 2] - p[k * 3 + 2];
+      const float d2 = dx * dx + dy * dy + dz * dz;
+      if (d2 == 0 || (d2 >= lo2 && d2 < hi2)) {
+        if (found == 0)
+          for (int64_t s = 0; s < 16; ++s) want[j * 16 + s] = static_cast<int32_t>(k);
+        want[j * 16 + found++] = static_cast<int32_t>(k);
+      }
+    }
+  }
+  EXPECT_EQ(run("ball_query", {cloud, centres}, {{"radius", 0.3}, {"nsample", int64_t{16}}, {"min_radius", 0.2}},
+                true)[0].values<int32_t>(),
+            want);
+  EXPECT_NE(error_of([&] { run("ball_query", {xyz, centre}, {{"radius", 0.5}, {"nsample", int64_t{2}},
+                                                             {"min_radius", 0.6}}); })
+                .find("min_radius (0.6"),
+            std::string::npos);
+}
+
 TEST(BallQueryKernel, EmptyBallsAndNoPointsGiveZeros) {
   Tensor centres = Tensor::random<float>({2, 5, 3}, 6);
   for (const Tensor& xyz : {Tensor::random<float>({2, 0, 3}, 5), Tensor::of<float>({2, 1, 3}, {90, 90, 90, 90, 90, 90})})

@@ -1,8 +1,8 @@
 """ball_query: pointnet2_ops' ball query against a numpy scan over every point (squared distance
 below radius², in float32 for float32 and the 16-bit types; the first nsample hits by index; the
-first hit repeated into the slots left; an empty ball all zeros). ball_query_offset: pointops'
-offset-layout ball query against a numpy scan that follows its kernel step by step (candidates by
-index, its heap-sort pass, every sep-th when they overflow the slots)."""
+first hit repeated into the slots left; an empty ball all zeros; with min_radius, mmcv's shell).
+ball_query_offset: pointops' offset-layout ball query against a numpy scan that follows its kernel
+step by step (candidates by index, its heap-sort pass, every sep-th when they overflow the slots)."""
 
 import numpy as np
 import pytest
@@ -13,17 +13,20 @@ from opbridge.testing import BadInput, OpCase, OpTest, Sample, random_tensor as 
 ball_query = torch.ops.opbridge.ball_query
 
 
-def reference(xyz, new_xyz, radius, nsample):
+def reference(xyz, new_xyz, radius, nsample, min_radius=0.0):
     c = np.float64 if xyz.dtype == np.float64 else np.float32
     p, q = xyz.astype(c), new_xyz.astype(c)
     rr = np.float32(radius).astype(c)  # float attributes are float32
     r2 = rr * rr
+    lo = np.float32(min_radius).astype(c)
+    lo2 = lo * lo
     b, m = q.shape[0], q.shape[1]
     out = np.zeros((b, m, nsample), np.int32)
     for i in range(b):
         for j in range(m):
             d = (q[i, j, 0] - p[i, :, 0]) ** 2 + (q[i, j, 1] - p[i, :, 1]) ** 2 + (q[i, j, 2] - p[i, :, 2]) ** 2
-            hits = np.nonzero(d < r2)[0][:nsample]
+            inside = (d < r2) if lo2 == 0 else (d == 0) | ((d >= lo2) & (d < r2))  # mmcv's shell
+            hits = np.nonzero(inside)[0][:nsample]
             if len(hits):
                 out[i, j, :len(hits)] = hits
                 out[i, j, len(hits):] = hits[0]
@@ -59,6 +62,14 @@ class TestBallQuery(OpTest):
             Sample((r([3, 20, 3], seed=16), r([3, 0, 3])), {"radius": 1.0, "nsample": 2}, name="no_centres"),
             Sample((r([1, 30, 3], seed=17), r([1, 5, 3], seed=18)), {"radius": -1.0, "nsample": 2},
                    name="negative_radius"),
+            # A shell (mmcv's min_radius): points closer than min_radius are left out, those on the
+            # centre (distance 0) kept; on the grid, points at exactly min_radius are in.
+            Sample((r([2, 300, 3], seed=19), r([2, 40, 3], seed=20)), {"radius": 0.6, "nsample": 8, "min_radius": 0.3},
+                   name="shell", dynamic={0: [0], 1: [0]}),
+            Sample((grid(400, 21).reshape(2, 200, 3), grid(60, 22).reshape(2, 30, 3)),
+                   {"radius": 1.0, "nsample": 24, "min_radius": 0.5}, name="shell_grid_boundary"),
+            Sample((r([1, 300, 3], "float64", seed=23), r([1, 20, 3], "float64", seed=24)),
+                   {"radius": 1.2, "nsample": 40, "min_radius": 0.7}, name="shell_float64"),
         ],
         bad_inputs=[
             BadInput((r([2, 5, 3]), r([3, 4, 3])), {"radius": 1.0, "nsample": 2},
@@ -69,6 +80,10 @@ class TestBallQuery(OpTest):
                      "nsample_zero"),
             BadInput((torch.tensor([[[0.0, 0.0, float("inf")]]]), r([1, 4, 3])), {"radius": 1.0, "nsample": 2},
                      r"xyz has a coordinate that is not finite \(inf at row 0\)", "infinite_point"),
+            BadInput((r([2, 5, 3]), r([2, 4, 3])), {"radius": 0.5, "nsample": 2, "min_radius": 0.5},
+                     r"min_radius \(0.5\) must be below radius \(0.5\)", "empty_shell"),
+            BadInput((r([2, 5, 3]), r([2, 4, 3])), {"radius": 0.5, "nsample": 2, "min_radius": -0.1},
+                     "min_radius must be >= 0", "negative_min_radius"),
         ],
         resize=lambda s, n: Sample((r([n, 300, 3], seed=n), r([n, 40, 3], seed=n + 1)), s.attrs),
     )

@@ -45,3 +45,12 @@ void sample(KernelContext& ctx, const TensorView& points, const std::vector<Segm
             TensorView& out, const Variant* variant = nullptr);
 
 }  // namespace opbridge::fps
+
+namespace opbridge {
+
+// furthest_point_sampling_with_dist (fps_dist_kernel.cc): picks from a (B, N, N) distance matrix,
+// mmcv's block rule for ties with up to tie_threads threads. Checks the values (finite).
+void fps_with_dist_kernel(KernelContext& ctx, const TensorView& dist, int64_t npoint, int64_t tie_threads,
+                          TensorView& idx);
+
+}  // namespace opbridge

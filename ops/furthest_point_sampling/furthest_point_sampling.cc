@@ -4,6 +4,8 @@
 //                                   segment given by new_offset
 //   furthest_point_sampling_ratio   torch_cluster's / PyG's fps: segments by ptr, ceil(n * ratio)
 //                                   picks each, any number of coordinates
+// and furthest_point_sampling_with_dist, mmcv's sampling over a given distance matrix
+// (fps_dist_kernel.cc: the distances are read, not computed).
 // Each picks, from a start point, the point furthest (squared Euclidean) from those picked so far;
 // ties and the points considered follow each original (see docs/ops/furthest_point_sampling.md).
 #include <cmath>
@@ -111,6 +113,25 @@ OPBRIDGE_OP(furthest_point_sampling)
     // is openpoints' (1024 threads, no skipping).
     .replaces("mmcv.ops.furthest_point_sample.FurthestPointSampling", {"xyz", "npoint"},
               {{"tie_threads", int64_t{1024}}, {"skip_near_origin", false}});
+
+OPBRIDGE_OP(furthest_point_sampling_with_dist)
+    .doc("Furthest point sampling of each batch item over a given distance matrix (mmcv's "
+         "furthest_point_sample_with_dist, 3DSSD's feature-space FPS): from point 0, repeatedly the point whose "
+         "smallest distance to the points picked so far, read from row j of the matrix for pick j, is largest.")
+    .types("T", {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16})
+    .input("dist", "T", "(B, N, N) distances: dist[b, i, k] from point i to point k", 3)
+    .sym_int_attr("npoint", "points to pick per batch item")
+    .int_attr("tie_threads", 1024,
+              "equal distances are broken as mmcv's CUDA block of this many threads breaks them; 0: the lowest index")
+    .check(dim("dist", 2) == dim("dist", 1), "dist must be (B, N, N)")
+    .check(attr("npoint") >= 0, "npoint must be >= 0")
+    .check(attr("tie_threads") >= 0, "tie_threads must be >= 0")
+    .output("idx", DType::Int32, shape::dims({dim("dist", 0), attr("npoint")}),
+            "(B, npoint) indices into each batch item's points, in the order picked")
+    .cpu(fps_with_dist_kernel)
+    // FurthestPointSamplingWithDist.forward(ctx, points_dist, num_points): its Python allocates on
+    // the CPU, so it also runs eagerly on mmcv._ext; substituted, it exports as this one node.
+    .replaces("mmcv.ops.furthest_point_sample.FurthestPointSamplingWithDist", {"dist", "npoint"});
 
 OPBRIDGE_OP(furthest_point_sampling_offset)
     .doc("Furthest point sampling of each segment of a batch given by cumulative ends (Pointcept's pointops "

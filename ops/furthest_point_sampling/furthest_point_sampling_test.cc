@@ -76,6 +76,34 @@ TEST(FurthestPointSamplingKernel, CudaTieRuleKeepsTheSmallestBitReversedThread) 
   EXPECT_EQ(picks(0), (std::vector<int32_t>{0, 1}));
 }
 
+TEST(FurthestPointSamplingKernel, WithDistReadsTheRowsOfTheMatrixAsMmcvsBlockDoes) {
+  // Squared distances of a grid cloud: the same picks as the batched form with mmcv's settings.
+  Tensor xyz = grid(2, 3000, 7);
+  const std::vector<float> p = xyz.values<float>();
+  std::vector<float> d(2 * 3000 * 3000);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t i = 0; i < 3000; ++i)
+      for (int64_t k = 0; k < 3000; ++k) {
+        const float* u = &p[(b * 3000 + i) * 3];
+        const float* v = &p[(b * 3000 + k) * 3];
+        const float dx = v[0] - u[0], dy = v[1] - u[1], dz = v[2] - u[2];
+        d[(b * 3000 + i) * 3000 + k] = dx * dx + dy * dy + dz * dz;
+      }
+  const Tensor dist = Tensor::of<float>({2, 3000, 3000}, d);
+  EXPECT_EQ(run("furthest_point_sampling_with_dist", {dist}, {{"npoint", int64_t{200}}}, true)[0].values<int32_t>(),
+            run("furthest_point_sampling", {xyz}, {{"npoint", int64_t{200}}, {"tie_threads", int64_t{1024}},
+                                                    {"skip_near_origin", false}})[0].values<int32_t>());
+  // A thread whose minima are all below -1 offers point 0 (mmcv's start value), which then wins
+  // over larger negatives: 4 points, 4 threads, every entry below -1.
+  Tensor negative = Tensor::of<float>({1, 4, 4}, {-5, -3, -2, -4, -5, -3, -2, -4, -5, -3, -2, -4, -5, -3, -2, -4});
+  EXPECT_EQ(run("furthest_point_sampling_with_dist", {negative}, {{"npoint", int64_t{3}}})[0].values<int32_t>(),
+            (std::vector<int32_t>{0, 0, 0}));
+  EXPECT_NE(error_of([&] { run("furthest_point_sampling_with_dist", {Tensor::of<float>({1, 2, 2}, {0, NAN, 1, 0})},
+                               {{"npoint", int64_t{2}}}); })
+                .find("dist has a value that is not finite (nan at batch item 0, row 0, column 1)"),
+            std::string::npos);
+}
+
 TEST(FurthestPointSamplingKernel, OffsetFormAllocatesTheAskedPicks) {
   Tensor xyz = Tensor::random<float>({30, 3}, 5);
   Tensor offset = Tensor::of<int32_t>({2}, {10, 30}), new_offset = Tensor::of<int32_t>({2}, {4, 9});

@@ -2,7 +2,10 @@
 from the originals' semantics: squared distances ((dx² + dy²) + dz², in float32 for float32 and the
 16-bit types), a running minimum from 1e10 (+inf for the ratio form), the argmax, ties broken as
 a CUDA block of `tie_threads` threads reduces them (bit-reversed thread id, then the lower index)
-or by the lower index, and pointnet2_ops' points near the origin that are never picked."""
+or by the lower index, and pointnet2_ops' points near the origin that are never picked.
+furthest_point_sampling_with_dist against a numpy model of mmcv's CUDA block (threads over strided
+points from (-1, index 0), then the pairwise reduction), and against the batched form over the
+same points' squared distances."""
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from opbridge.testing import BadInput, OpCase, OpTest, Sample, random_tensor as 
 fps = torch.ops.opbridge.furthest_point_sampling
 fps_offset = torch.ops.opbridge.furthest_point_sampling_offset
 fps_ratio = torch.ops.opbridge.furthest_point_sampling_ratio
+fps_with_dist = torch.ops.opbridge.furthest_point_sampling_with_dist
 
 
 def cuda_threads(n, cap):
@@ -84,6 +88,43 @@ def ratio_reference(src, ptr, ratio=0.5, random_start=False):
         m = int(np.ceil(np.float32(n) * np.float32(ratio))) if n else 0
         out.append(ptr[i] + chain(src[ptr[i]:ptr[i + 1]], m, 0, 0, False, np.inf))
     return np.concatenate(out + [np.zeros(0, np.int64)]).astype(np.int64)
+
+
+def dist_reference(dist, npoint, tie_threads=1024):
+    """mmcv's furthest_point_sampling_with_dist_forward_cuda_kernel, step for step, in numpy."""
+    c = np.float64 if dist.dtype == np.float64 else np.float32
+    b, n, _ = dist.shape
+    threads = max(cuda_threads(n, tie_threads), 1)
+    rows = -(-n // threads)
+    out = np.zeros((b, npoint), np.int32)
+    for i in range(b):
+        d = dist[i].astype(c)
+        temp, old = np.full(n, 1e10, c), 0
+        for j in range(1, npoint):
+            temp = np.minimum(d[old], temp)
+            # [row, thread] = point row * threads + thread; padding never beats a thread's -1.
+            grid = np.full(rows * threads, -np.inf, c)
+            grid[:n] = temp
+            grid = grid.reshape(rows, threads)
+            hit = grid > -1
+            best = np.where(hit, grid, c(-1)).max(0)
+            first = np.argmax(hit & (grid == best), 0)
+            besti = np.where(hit.any(0), first * threads + np.arange(threads), 0)
+            half = threads // 2
+            while half:
+                take = best[half:2 * half] > best[:half]
+                best[:half] = np.where(take, best[half:2 * half], best[:half])
+                besti[:half] = np.where(take, besti[half:2 * half], besti[:half])
+                half //= 2
+            old = out[i, j] = besti[0]
+    return out
+
+
+def squared_distances(xyz):
+    """(B, N, N) squared distances, ((dx² + dy²) + dz²) in float32 as the batched form sums them."""
+    p = xyz.float()
+    d = p[:, :, None] - p[:, None]
+    return (d[..., 0] * d[..., 0] + d[..., 1] * d[..., 1]) + d[..., 2] * d[..., 2]
 
 
 def grid_points(n, seed, dtype="float32"):
@@ -264,3 +305,45 @@ def test_points_without_coordinates_are_all_at_distance_zero():
     got = fps_ratio(src, ptr, ratio=0.8)
     np.testing.assert_array_equal(got.numpy(), ratio_reference(src.numpy(), ptr.numpy(), 0.8))
     assert got.tolist() == [0, 0, 0, 0, 4, 4, 4]
+
+
+class TestFurthestPointSamplingWithDist(OpTest):
+    case = OpCase(
+        "furthest_point_sampling_with_dist",
+        reference=dist_reference,
+        samples=[
+            Sample((squared_distances(r([2, 120, 3], seed=21)),), {"npoint": 30}, name="float32", dynamic={0: [0]}),
+            Sample((squared_distances(r([1, 70, 3], seed=22)).double(),), {"npoint": 70}, name="float64_every_point"),
+            # Equal distances on a grid: the 512-thread block's reduction decides.
+            Sample((squared_distances(grid_points(700, 23).reshape(1, 700, 3)),), {"npoint": 90}, name="grid_ties"),
+            Sample((squared_distances(grid_points(90, 24).reshape(1, 90, 3)),), {"npoint": 60, "tie_threads": 0},
+                   name="ties_lowest_index"),
+            # Not a metric: negative and asymmetric entries (a thread whose minima are all below -1
+            # offers point 0, as mmcv's does).
+            Sample((r([2, 40, 40], seed=25, low=-3, high=1),), {"npoint": 25}, name="negative_entries"),
+            Sample((squared_distances(r([1, 12, 3], seed=26)),), {"npoint": 20}, name="more_picks_than_points"),
+            Sample((squared_distances(r([2, 48, 3], seed=27)).half(),), {"npoint": 12}, name="float16"),
+            Sample((r([0, 5, 5], seed=28),), {"npoint": 3}, name="empty_batch"),
+            Sample((r([2, 9, 9], seed=29),), {"npoint": 0}, name="no_picks"),
+        ],
+        bad_inputs=[
+            BadInput((r([2, 5, 4]),), {"npoint": 2}, r"dist must be \(B, N, N\)", "not_square"),
+            BadInput((r([2, 5, 5]),), {"npoint": -1}, "npoint must be >= 0, got -1", "negative_npoint"),
+            BadInput((r([2, 0, 0]),), {"npoint": 2}, "dist has no points to sample 2 from", "no_points"),
+            BadInput((torch.tensor([[[0.0, float("nan")], [1.0, 0.0]]]),), {"npoint": 2},
+                     r"dist has a value that is not finite \(nan at batch item 0, row 0, column 1\)", "nan"),
+            BadInput((r([2, 5, 5]).long(),), {"npoint": 2}, "input 'dist' has dtype int64", "wrong_dtype"),
+        ],
+        resize=lambda s, n: Sample((squared_distances(r([n, 120, 3], seed=n)),), s.attrs),
+    )
+
+
+@pytest.mark.parametrize("kind", ["uniform", "grid"])
+def test_with_dist_over_squared_distances_picks_what_the_batched_form_picks(kind):
+    # The same chain: the batched form computes the rows the matrix holds (mmcv's 1024 threads, no
+    # skipping near the origin, as mmcv's furthest_point_sample).
+    xyz = grid_points(2 * 1500, 30).reshape(2, 1500, 3) if kind == "grid" else r([2, 1500, 3], seed=31)
+    want = fps(xyz, 300, tie_threads=1024, skip_near_origin=False)
+    got = fps_with_dist(squared_distances(xyz), 300)
+    assert torch.equal(got, want)
+    np.testing.assert_array_equal(got.numpy(), dist_reference(squared_distances(xyz).numpy(), 300))

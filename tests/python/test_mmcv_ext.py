@@ -96,8 +96,15 @@ def test_point_functions_fill_what_indexing_and_brute_force_give():
             hits = np.flatnonzero(d2[bi, j] < np.float32(0.3) ** 2)[:5]
             want = list(hits) + [hits[0] if len(hits) else 0] * (5 - len(hits))
             assert idx[bi, j].tolist() == want
-    with pytest.raises(NotImplementedError, match="min_radius=0.1"):
-        _ext.ball_query_forward(centres, xyz, idx, b=2, n=40, m=12, min_radius=0.1, max_radius=0.3, nsample=5)
+    shell = torch.zeros(2, 12, 5, dtype=torch.int32)  # mmcv's shell: d2 == 0 or 0.1² <= d2 < 0.3²
+    _ext.ball_query_forward(centres, xyz, shell, b=2, n=40, m=12, min_radius=0.1, max_radius=0.3, nsample=5)
+    for bi in range(2):
+        for j in range(12):
+            d = d2[bi, j]
+            hits = np.flatnonzero((d == 0) | ((d >= np.float32(0.1) ** 2) & (d < np.float32(0.3) ** 2)))[:5]
+            assert shell[bi, j].tolist() == list(hits) + [hits[0] if len(hits) else 0] * (5 - len(hits))
+    with pytest.raises(NotImplementedError, match="max_radius=0.0"):
+        _ext.ball_query_forward(centres, xyz, idx, b=2, n=40, m=12, min_radius=-1.0, max_radius=0.0, nsample=5)
 
     dist2, nearest = torch.empty(2, 12, 3), torch.empty(2, 12, 3, dtype=torch.int32)
     _ext.three_nn_forward(centres, xyz, dist2, nearest, b=2, n=12, m=40)

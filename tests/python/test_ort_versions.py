@@ -143,7 +143,8 @@ def detection_inputs(n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
 
 class LidarForms(torch.nn.Module):
     """The 3-D detection ops: hard and dynamic voxelization, dynamic scatter (data-dependent voxel
-    counts), points in boxes, the BEV overlap and the 3-D NMS family."""
+    counts), points in boxes, the BEV overlap, the 3-D NMS family, and mmcv's point forms (FPS over
+    a distance matrix, a ball query with a shell)."""
 
     def forward(self, points, feats, boxes, scores):
         ops = torch.ops.opbridge
@@ -152,13 +153,16 @@ class LidarForms(torch.nn.Module):
         cells = ops.dynamic_voxelize(points, size, box)
         voxel_feats, voxel_coors, _, _ = ops.dynamic_scatter(feats, cells, "mean")
         xyz = points[None, :, :3]
+        d = xyz[:, :64, None, :] - xyz[:, None, :64, :]  # F-FPS: sampling over a distance matrix
         return voxels, coors, num, voxel_feats, voxel_coors, ops.points_in_boxes_part(xyz, boxes[None]), \
             ops.points_in_boxes_all(xyz, boxes[None]), ops.boxes_overlap_bev(boxes, boxes[:5]), \
-            ops.nms3d(boxes, scores, iou_threshold=0.3), ops.nms3d_normal(boxes, scores, iou_threshold=0.3)
+            ops.nms3d(boxes, scores, iou_threshold=0.3), ops.nms3d_normal(boxes, scores, iou_threshold=0.3), \
+            ops.furthest_point_sampling_with_dist((d * d).sum(-1), 8), \
+            ops.ball_query(xyz, xyz[:, :20].contiguous(), 3.0, 6, min_radius=1.0)
 
 
 LIDAR_OUTPUTS = ["voxels", "coors", "num", "voxel_feats", "voxel_coors", "part", "mask", "overlap", "keep",
-                 "keep_normal"]
+                 "keep_normal", "picks", "shell"]
 LIDAR_FORMS = dict(input_names=["points", "feats", "boxes", "scores"], output_names=LIDAR_OUTPUTS,
                    dynamic_axes={"points": {0: "p"}, "feats": {0: "p"}, "boxes": {0: "n"}, "scores": {0: "n"}})
 

@@ -182,6 +182,8 @@ from .mmcv import corner_pool as _mmcv_corner_pool  # noqa: E402,F401
 from .mmcv import voxel as _mmcv_voxel  # noqa: E402,F401
 # mmcv's iou3d functions that are Python over other ops (boxes_iou3d, nms_bev, ...).
 from .mmcv import boxes3d as _mmcv_boxes3d  # noqa: E402,F401
+# mmcv's point Functions: ball query with a shell, grouping, and kNN (whose Python asks for CUDA).
+from .mmcv import points as _mmcv_points  # noqa: E402,F401
 # mmcv's sparse convolution modules read a count only the data knows as a Python int: rules that do not.
 from .mmcv import sparse as _mmcv_sparse  # noqa: E402,F401
 # spconv's sparse modules run compiled code and read a count only the data knows as a Python int.
@@ -190,3 +192,5 @@ from .spconv import rules as _spconv_rules  # noqa: E402,F401
 from .mmdet import roi_extractor as _mmdet_roi_extractor  # noqa: E402,F401
 # mmdet3d's own copies of mmcv's voxelization and dynamic scatter: the same rules.
 from .mmdet3d import voxelize as _mmdet3d_voxelize  # noqa: E402,F401
+# mmdet3d's PointNet++ backbones number the points with a Python range over the point count.
+from .mmdet3d import pointnet2 as _mmdet3d_pointnet2  # noqa: E402,F401

@@ -16,7 +16,8 @@ from .unprovided import NotProvidedError
 opbridge.load_torch()
 _OPS = torch.ops.opbridge
 
-__all__ = ["ball_query_forward", "furthest_point_sampling_forward", "gather_points_backward", "gather_points_forward",
+__all__ = ["ball_query_forward", "furthest_point_sampling_forward", "furthest_point_sampling_with_dist_forward",
+           "gather_points_backward", "gather_points_forward",
            "group_points_backward", "group_points_forward", "knn_forward", "three_interpolate_backward",
            "three_interpolate_forward", "three_nn_forward"]
 
@@ -29,16 +30,24 @@ def furthest_point_sampling_forward(points_tensor: Tensor, temp_tensor: Tensor, 
     idx_tensor.copy_(_OPS.furthest_point_sampling(points_tensor, m, tie_threads=1024, skip_near_origin=False))
 
 
+def furthest_point_sampling_with_dist_forward(points_tensor: Tensor, temp_tensor: Tensor, idx_tensor: Tensor,
+                                              b: int, n: int, m: int) -> None:
+    """output (B, m) int32: furthest point sampling over the (B, N, N) distance matrix, from point
+    0, mmcv's tie rule (opbridge::furthest_point_sampling_with_dist)."""
+    idx_tensor.copy_(_OPS.furthest_point_sampling_with_dist(points_tensor, m))
+
+
 def ball_query_forward(new_xyz_tensor: Tensor, xyz_tensor: Tensor, idx_tensor: Tensor, b: int, n: int, m: int,
                        min_radius: float, max_radius: float, nsample: int) -> None:
-    """idx (B, m, nsample) int32: per centre the first nsample points (by index) within max_radius
-    (squared distance below max_radius²), the rest of the slots the first one, an empty ball 0.
-    opbridge::ball_query is that rule; a positive min_radius (a shell) it does not take."""
-    if min_radius > 0 or max_radius <= 0:
+    """idx (B, m, nsample) int32: per centre the first nsample points (by index) at squared distance
+    in [min_radius², max_radius²) or at distance 0, the rest of the slots the first one, an empty
+    ball 0 (opbridge::ball_query with min_radius). A ball of radius <= 0, which mmcv's kernel would
+    fill with the points on the centre, the op does not take."""
+    if max_radius <= 0 or min_radius < 0:
         raise NotProvidedError(
             f"mmcv._ext.ball_query_forward (called by mmcv.ops.ball_query): min_radius={min_radius}, "
-            f"max_radius={max_radius}: opbridge::ball_query takes a ball (min_radius 0) of positive radius only")
-    idx_tensor.copy_(_OPS.ball_query(xyz_tensor, new_xyz_tensor, max_radius, nsample))
+            f"max_radius={max_radius}: opbridge::ball_query takes 0 <= min_radius < max_radius only")
+    idx_tensor.copy_(_OPS.ball_query(xyz_tensor, new_xyz_tensor, max_radius, nsample, min_radius=min_radius))
 
 
 def gather_points_forward(points_tensor: Tensor, idx_tensor: Tensor, out_tensor: Tensor, b: int, c: int, n: int,
