@@ -241,6 +241,29 @@ def test_another_threads_warnings_reach_their_caller_during_an_export():
     assert len(said) > 1 and got == [f"warning {i} from another thread" for i in said]
 
 
+@pytest.mark.parametrize("exporter", opbridge.EXPORTERS)
+def test_another_threads_warning_during_the_proofs_eager_run_reaches_its_caller(exporter):
+    # opbridge.export runs the model again to compare it with the runtime, hiding the model's own
+    # warnings there (the caller had them from the trace): another thread's must still pass.
+    said = []
+
+    class WarnsFromAnotherThread(torch.nn.Module):
+        def forward(self, x):
+            if not (torch.jit.is_tracing() or torch.compiler.is_compiling()):  # an eager run
+                message = f"eager run {len(said)}, from another thread"
+                t = threading.Thread(target=lambda: warnings.warn(message, UserWarning))
+                t.start()
+                t.join()
+                said.append(message)
+            return x + 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opbridge.export(WarnsFromAnotherThread(), (torch.randn(2, 3),), exporter=exporter)
+    got = [str(w.message) for w in caught if "from another thread" in str(w.message)]
+    assert said and got == said
+
+
 def test_the_torchscript_exporters_graph_at_an_error_stays_hidden(capfd):
     """The TorchScript exporter writes the graph to the process's stdout from C++ when it fails."""
     lib = torch.library.Library("isolation_test", "DEF")

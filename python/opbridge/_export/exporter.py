@@ -23,7 +23,7 @@ from .functions import add_functions
 from .graph_inputs import check_dynamic_axes, check_dynamic_shapes, check_inputs, dynamic_shapes_from_axes, modules_of
 from .examples import KeywordsBound, distinct_examples
 from .failures import op_errors
-from .isolation import isolated
+from .isolation import hidden_here, isolated
 from .naming import name_outputs
 from .optimizer import optimize as optimize_program
 from .rules import ExportOptions
@@ -209,7 +209,7 @@ def export(
         with substitutions(*modules_of(call[0])):  # the model runs eagerly as it was traced
             prove(*call, proto, check_args=check_args, check_kwargs=check_kwargs, input_names=names,
                   exporter=exporter, rtol=1e-5, atol=1e-6, random=set(random_outputs(proto)),
-                  example_must_agree=True)
+                  example_must_agree=True, quiet_eager=hidden_here)
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto

@@ -86,25 +86,44 @@ def isolated(verbose: bool, native_output: bool = False) -> Iterator[list]:
 
 
 @contextlib.contextmanager
-def _quiet(native_output: bool) -> Iterator[list]:
+def _routed(native_output: bool, caught: list) -> Iterator[None]:
+    """This thread's prints and warnings for the block go to `caught`, other threads' as they come."""
     with _HOOKS_LOCK:
         _install_hooks(native_output)
         _ROUTED_USERS[0] += 1
     stack = getattr(_LOCAL, "quiet", None)
     if stack is None:
         stack = _LOCAL.quiet = []
-    caught: list = []
     stack.append(caught)
-    done = False
     try:
-        yield caught
-        done = True
+        yield
     finally:
         stack.pop()
         with _HOOKS_LOCK:
             _ROUTED_USERS[0] -= 1
             if _ROUTED_USERS[0] == 0:
                 _unroute_streams()
+
+
+@contextlib.contextmanager
+def hidden_here() -> Iterator[None]:
+    """This thread's prints and warnings for the block are dropped; other threads' pass as they
+    come (warnings.catch_warnings would swap the process's filters, and drop theirs too). For the
+    model run again after its export, whose warnings the caller had once already."""
+    with _routed(False, []):
+        yield
+
+
+@contextlib.contextmanager
+def _quiet(native_output: bool) -> Iterator[list]:
+    caught: list = []
+    done = False
+    try:
+        with _routed(native_output, caught):
+            yield caught
+            done = True
+    finally:
+        stack = _LOCAL.quiet
         if stack:  # a nested export: the outer one says what is to be said
             stack[-1].extend(caught)
         else:

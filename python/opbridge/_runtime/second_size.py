@@ -165,12 +165,10 @@ def as_exported(model, exporter: str = ""):
                 b.copy_(saved)
 
 
-def _eager(model, args: tuple, kwargs: dict) -> list[np.ndarray]:
+def _eager(model, args: tuple, kwargs: dict, quiet) -> list[np.ndarray]:
     # On copies: a model that writes into its inputs must not change what the runtime is fed.
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
-    # The model's own warnings reached the caller once, from the export's trace.
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with torch.no_grad(), quiet():
         return [t.detach().cpu().numpy() for t in tensor_leaves(model(*args, **kwargs))]
 
 
@@ -245,23 +243,24 @@ def prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, se
           check_args: tuple | None = None, check_kwargs: dict | None = None,
           input_names: Sequence[str] | None = None, rtol: float = 1e-5, atol: float = 1e-6,
           exporter: str = "", who: str = "opbridge.export", random: set | None = None,
-          example_must_agree: bool = False) -> Proof:
+          example_must_agree: bool = False, quiet_eager=contextlib.nullcontext) -> Proof:
     """Runs the proof (see the module's doc). Raises OpbridgeError when the runtime fails or
     disagrees with eager at the second size; warns (UnprovenWarning) when no second size could be
     run; returns what was run. example_must_agree: also raises when the runtime disagrees with eager
     at the example itself (beyond WRONG, whether or not an axis is dynamic); opbridge.verify reports
-    that itself."""
+    that itself. quiet_eager: the context the model runs eagerly in (opbridge.export hides that
+    thread's warnings there: the caller had them once, from the trace)."""
     with as_exported(model, exporter):  # eager as traced, and the model left as it was
         return _prove(model, args, kwargs, proto, sess=sess, check_args=check_args, check_kwargs=check_kwargs,
                       input_names=input_names, rtol=rtol, atol=atol, exporter=exporter, who=who, random=random,
-                      example_must_agree=example_must_agree)
+                      example_must_agree=example_must_agree, quiet_eager=quiet_eager)
 
 
 def _prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, sess=None,
           check_args: tuple | None = None, check_kwargs: dict | None = None,
           input_names: Sequence[str] | None = None, rtol: float = 1e-5, atol: float = 1e-6,
           exporter: str = "", who: str = "opbridge.export", random: set | None = None,
-          example_must_agree: bool = False) -> Proof:
+          example_must_agree: bool = False, quiet_eager=contextlib.nullcontext) -> Proof:
 
     from .session import runtime_name, session, session_options
 
@@ -290,7 +289,7 @@ def _prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, s
     except Exception as e:  # noqa: BLE001 - reported with what to look at
         raise OpbridgeError(f"{who}: the exported model fails in {rt} at the example's own sizes: "
                             f"{_first_line(e)}") from None
-    want_example = _eager(run, args, kwargs)
+    want_example = _eager(run, args, kwargs, quiet_eager)
     base = [gap(n, g, w, rtol, atol, rt) for n, g, w in zip(out_names, at_example, want_example)]
     if example_must_agree:
         # Layers that compute otherwise in training mode (batch statistics, dropout), left in it.
@@ -313,7 +312,7 @@ def _prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, s
             if given.dim() <= a.axis:
                 raise OpbridgeError(f"{who}: check_args gives {a} a tensor of rank {given.dim()}")
             sizes.setdefault(a.symbol, int(given.shape[a.axis]))
-        want = _eager(run, args2, kwargs2)
+        want = _eager(run, args2, kwargs2, quiet_eager)
         source = "check_args"
         same = sorted(str(a) for a in axes if sizes[a.symbol] == a.size)
         if same:
@@ -327,7 +326,7 @@ def _prove(model, args: tuple, kwargs: dict | None, proto: onnx.ModelProto, *, s
             sizes = {sym: c[min(k, len(c) - 1)] for sym, c in cands.items()}
             args2, kwargs2 = _second_inputs(args, kwargs, axes, indices, sizes)
             try:
-                want = _eager(run, args2, kwargs2)
+                want = _eager(run, args2, kwargs2, quiet_eager)
                 break
             except Exception as e:  # noqa: BLE001 - the model refusing a size is an answer: try another
                 first = (str(e).strip().splitlines() or [""])[0][:200]
