@@ -269,7 +269,7 @@ def test_verify_nested_outputs():
 def test_dynamo_exports_fill_the_torchlib_registry_once_per_set_of_ops(monkeypatch):
     # torch.onnx.export(dynamo=True) would parse torchlib's sources on every call; opbridge.export
     # fills the registry once and gives each export a copy. A translation table one export adds
-    # stays in its copy, and an op registered since makes a new registry.
+    # stays in its copy.
     from torch.onnx._internal.exporter import _registration
 
     from opbridge._export import dynamo
@@ -298,9 +298,34 @@ def test_dynamo_exports_fill_the_torchlib_registry_once_per_set_of_ops(monkeypat
     assert [n.op_type for n in swapped.graph.node] == ["Sub"] and len(filled) == 1
     assert opbridge.export(MyAdd(), args).graph.node[0].op_type == "MyAdd"  # the Sub stayed in its copy
 
+    # Another opset: the same fill, cleaned for it by the registry's own rule, holds what torch
+    # fills for that opset itself.
+    assert opbridge.export(MyAdd(), args, opset=21) is not None and len(filled) == 1
+
+    def functions(registry):
+        return {t: [(d.onnx_function, d.opset_introduced) for d in ds] for t, ds in registry.functions.items()}
+
+    with dynamo.reused_torchlib_registry():
+        for opset in (18, 21, 23):
+            ours = _registration.ONNXRegistry.from_torchlib(opset_version=opset)
+            assert ours.opset_version == opset
+            assert functions(ours) == functions(original(_registration.ONNXRegistry, opset_version=opset))
+    assert len(filled) == 1
+
+    # An op torchlib has a function for, registered since, is filled in; one it has none for
+    # leaves the registry as it is.
+    from onnxscript.function_libs.torch_lib import registration
+
+    monkeypatch.setitem(registration.default_registry._registry, "opbridge_registry_test::twice",
+                        registration.default_registry["aten::abs"])
     lib = torch.library.Library("opbridge_registry_test", "DEF")
+    lib.define("other(Tensor x) -> Tensor")
+    opbridge.export(MyAdd(), args)
+    assert len(filled) == 1
     lib.define("twice(Tensor x) -> Tensor")
     opbridge.export(MyAdd(), args)
-    assert len(filled) == 2  # a new op: the registry is filled again
-    assert opbridge.export(MyAdd(), args, opset=21) is not None and len(filled) == 3  # another opset
+    assert len(filled) == 2
+    twice = torch.ops.opbridge_registry_test.twice.default
+    with dynamo.reused_torchlib_registry():
+        assert twice.name() in _registration.ONNXRegistry.from_torchlib().functions
 

@@ -85,31 +85,39 @@ def translation_table(ops: list[OpInfo] | None = None, *, opset: int = DEFAULT_D
 def reused_torchlib_registry():
     """torch.onnx.export(dynamo=True) fills a fresh ONNXRegistry from torchlib on every call, which
     reads and parses the Python source of ~500 torchlib functions: about 1.2 s, most of a small
-    model's export. What it holds depends only on the opset and on which torch ops exist, so within
-    this context it is filled once per (opset, ops registered in PyTorch) and each export gets a copy
-    with lists of its own (the export registers its custom translation table into that copy).
+    model's export. What it holds depends only on the opset and on which of torchlib's target ops
+    exist, so within this context it is filled once per set of such ops, every opset's functions
+    kept, and each export gets a copy with lists of its own, cleaned for its opset by the
+    registry's own rule (the export registers its custom translation table into that copy).
     Where this torch lays out its exporter otherwise, nothing changes."""
     try:
         from torch.onnx._internal.exporter._registration import ONNXRegistry as cls
     except ImportError:
         cls = None
     saved = getattr(cls, "__dict__", {}).get("from_torchlib")
-    if not isinstance(saved, classmethod):
+    cleanup = getattr(cls, "__dict__", {}).get("_cleanup_registry_based_on_opset_version")
+    if not isinstance(saved, classmethod) or cleanup is None:
         yield
         return
 
-    def from_torchlib(registry_cls, *args, **kwargs):
-        # Ops registered later (torchvision's, a library loaded since) change which torchlib
-        # functions find their target: the number of ops is part of the key.
-        key = (registry_cls, args, tuple(sorted(kwargs.items())), len(torch._C._dispatch_get_all_op_names()))
+    def from_torchlib(registry_cls, opset_version=None):
+        # Ops registered later (torchvision's) change which torchlib functions find their
+        # target: which of torchlib's targets exist is the key (ops of other namespaces, a
+        # test's or a library's, leave the registry as it is).
+        key = (registry_cls, _torchlib_targets())
         filled = _TORCHLIB_REGISTRIES.get(key)
         if filled is None:
-            if len(_TORCHLIB_REGISTRIES) >= 4:  # a few opsets; older op counts are stale
-                _TORCHLIB_REGISTRIES.clear()
-            filled = _TORCHLIB_REGISTRIES[key] = saved.__func__(registry_cls, *args, **kwargs)
+            _TORCHLIB_REGISTRIES.clear()  # the targets changed: older fills are stale
+            # Filled through a subclass that keeps every opset's functions (nothing patched).
+            unfiltered = type("UnfilteredRegistry", (registry_cls,),
+                              {"_cleanup_registry_based_on_opset_version": lambda self: None})
+            filled = _TORCHLIB_REGISTRIES[key] = saved.__func__(unfiltered)
         copy = registry_cls.__new__(registry_cls)
         copy.__dict__.update(filled.__dict__)
         copy.functions = {target: list(decomps) for target, decomps in filled.functions.items()}
+        if opset_version is not None:
+            copy._opset_version = opset_version
+        copy._cleanup_registry_based_on_opset_version()
         return copy
 
     cls.from_torchlib = classmethod(from_torchlib)
@@ -120,3 +128,11 @@ def reused_torchlib_registry():
 
 
 _TORCHLIB_REGISTRIES: dict = {}
+
+
+def _torchlib_targets() -> frozenset:
+    """The operators torchlib has functions for that exist in this process (names with overload)."""
+    from onnxscript.function_libs.torch_lib import ops, registration  # noqa: F401 - ops registers them
+
+    named = {name.split(".")[0] for name in registration.default_registry}
+    return frozenset(n for n in torch._C._dispatch_get_all_op_names() if n.split(".")[0] in named)
