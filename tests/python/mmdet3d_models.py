@@ -56,9 +56,22 @@ def build(config: str):
     model.cloud_spec = (list(layer.get("point_cloud_range", KITTI_RANGE)), _channels(cfg.model))
     # Random weights with default statistics shrink a sparse encoder's features to 1e-14 (the
     # head then gives its biases, the same in any runtime): statistics from a cloud instead.
-    raw = RawPoints(model)
-    calibrate_norms(model, lambda: raw(cloud(COUNTS[0], model.cloud_spec, 0)))
+    if is_detector(model):
+        raw = RawPoints(model)
+        calibrate_norms(model, lambda: eager(raw, cloud(COUNTS[0], model.cloud_spec, 0)))
     return model, model.cloud_spec
+
+
+def is_detector(model) -> bool:
+    """A detector with one head (what RawPoints exports): not a segmentor, nor a two-stage detector."""
+    return any(hasattr(model, head) for head in ("bbox_head", "pts_bbox_head"))
+
+
+def _not_run(model) -> str:
+    if hasattr(model, "decode_head"):
+        return "not run: a 3-D segmentor (a decode head); this runner takes detectors"
+    return ("not exported: a two-stage 3-D detector (an RPN head, then an RoI head that reads the points and the "
+            "proposals); this runner exports a one-stage detector's head")
 
 
 def _channels(cfg) -> int:
@@ -88,9 +101,16 @@ def _samples():
     return [Det3DDataSample(metainfo={"box_type_3d": LiDARInstance3DBoxes, "box_mode_3d": 0})]
 
 
+def eager(model, *args):
+    """model(*args) eagerly as it is exported: with opbridge's substitution rules applied, since some
+    of mmcv's Python (furthest_point_sample, knn) allocates CUDA tensors and runs only through them."""
+    with opbridge.substitutions(model), torch.no_grad():
+        return model(*args)
+
+
 def predict(model, points: torch.Tensor):
     data = model.data_preprocessor({"inputs": {"points": [points]}, "data_samples": _samples()}, False)
-    with torch.no_grad():
+    with opbridge.substitutions(model), torch.no_grad():
         found = model(**data, mode="predict")[0].pred_instances_3d
     return found.bboxes_3d.tensor, found.scores_3d, found.labels_3d
 
@@ -157,16 +177,14 @@ def export_and_compare(model, spec, exporter: str, workdir: Path, timing: bool =
     cases = []
     for i, n in enumerate(COUNTS):
         points = cloud(n, spec, 10 + i)
-        with torch.no_grad():
-            cases.append((points, [t.numpy() for t in leaves(model(points))]))
+        cases.append((points, [t.numpy() for t in leaves(eager(model, points))]))
     # The smallest spread of an output: near 0, the head gave its biases and nothing was compared.
     spread = min(float(np.std(e)) for _, expected in cases for e in expected if e.size)
     empty = torch.zeros(0, spec[1])  # no point at all: no voxel, the graph still runs
     try:
-        with torch.no_grad():
-            cases.append((empty, [t.numpy() for t in leaves(model(empty))]))
+        cases.append((empty, [t.numpy() for t in leaves(eager(model, empty))]))
         empty_cloud = "compared"
-    except Exception as e:  # noqa: BLE001 - some models' own code indexes the last voxel
+    except Exception as e:  # noqa: BLE001 - a model's own code indexes the last voxel, or samples points
         empty_cloud = "eager fails: " + error_text(e).splitlines()[0]
     report = {"nodes": nodes, "outputs": len(graph.output), "point_counts": list(COUNTS), "output_spread": spread,
               "empty_cloud": empty_cloud, **_against_eager(opbridge.session(str(path)), cases)}
@@ -188,6 +206,9 @@ def run(config: str, exporters: tuple[str, ...], workdir: Path, timing: bool = F
     except Exception as e:  # noqa: BLE001 - reported
         report["build"] = error_text(e)
         return missing_functions(report)
+    if hasattr(model, "decode_head"):
+        report["predict"] = _not_run(model)
+        return missing_functions(report)
     try:
         boxes, scores, labels = predict(model, cloud(COUNTS[0], spec, 0))
         report["predict"] = "ok"
@@ -197,6 +218,9 @@ def run(config: str, exporters: tuple[str, ...], workdir: Path, timing: bool = F
         report["predict_trace"] = traceback.format_exc()[-3000:]
     raw = RawPoints(model)
     for exporter in exporters:
+        if not is_detector(model):
+            report[exporter] = _not_run(model)
+            continue
         try:
             report[exporter] = export_and_compare(raw, spec, exporter, workdir, timing)
         except Exception as e:  # noqa: BLE001 - reported
