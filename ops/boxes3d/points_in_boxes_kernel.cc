@@ -64,6 +64,9 @@ template <typename T, typename Emit>
 void each_point(KernelContext& ctx, const TensorView& points, const TensorView& boxes, Emit emit) {
   int64_t nb, n, m;
   dims<T>(points, boxes, nb, n, m);
+  // No point, nothing to answer: the boxes' preparation below is per batch item, which with no
+  // points to bound it could be a huge number of empty items.
+  if (nb == 0 || n == 0) return;
   const T* pb = boxes.data_as<T>();
   std::vector<std::vector<Box<T>>> prepared(static_cast<size_t>(nb));
   for (int64_t b = 0; b < nb; ++b) prepared[static_cast<size_t>(b)] = prepare(pb + b * m * 7, m);

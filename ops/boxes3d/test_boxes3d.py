@@ -223,3 +223,12 @@ def test_onnxruntime_refuses_what_eager_refuses(op):
     good = np.array([0.1, 0.2, 0.3], np.float32)  # the session survives and runs
     got = sess.run(None, {"boxes": b, "scores": good})
     np.testing.assert_array_equal(got[0], getattr(ref, op)(b, good, 0.5))
+
+
+@pytest.mark.parametrize("op", ["points_in_boxes_part", "points_in_boxes_all"])
+def test_no_point_in_a_huge_empty_batch_allocates_nothing(op):
+    # 2^32 + 1 batch items of no point and no box: nothing to answer, and nothing may be sized by
+    # the batch count (the boxes were prepared per item: ~100 GB of empty lists).
+    items = 2 ** 32 + 1
+    got = getattr(torch.ops.opbridge, op)(torch.empty(items, 0, 3), torch.empty(items, 0, 7))
+    assert got.shape[:2] == (items, 0) and got.dtype == torch.int32
