@@ -77,7 +77,9 @@ Bins<T> bins(const T* roi, int64_t k, int64_t n, T scale, int64_t oh, int64_t ow
     const double g = std::ceil(static_cast<double>(bin));
     OB_CHECK(g <= kMaxGrid, "RoI ", k, " needs ", g, " samples per bin along its ", axis,
              " (sampling_ratio 0 samples ceil(bin size)); at most ", kMaxGrid, " are allowed");
-    return static_cast<int64_t>(g);
+    // A negative bin (an inverted RoI) samples nothing, however large: held at -kMaxGrid, the
+    // count keeps its sign (what the empty sum is divided by) and grid_h * grid_w cannot overflow.
+    return static_cast<int64_t>(std::max(g, -kMaxGrid));
   };
   b.grid_h = grid(b.bin_h, "height");
   b.grid_w = grid(b.bin_w, "width");

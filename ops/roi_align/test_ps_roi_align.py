@@ -66,3 +66,14 @@ def test_gradient_is_the_chain_rule_through_the_loop(s):
     x.requires_grad_()
     (OPS.ps_roi_align(x, rois, **s.attrs)[0] * g).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_hugely_inverted_roi_samples_nothing_as_torchvisions():
+    # ceil(bin size) of an RoI inverted by 1e30 is far below any int: held at the grid's bound, its
+    # count keeps the sign torchvision's has (the empty sum divided by it: 0 here, not 0 / 0).
+    x = torch.rand(1, 4, 3, 5, dtype=torch.float64)
+    rois = torch.tensor([[0.0, 1e30, 1e30, -1e30, -1e30], [0.0, 0.5, 0.5, 2.5, 2.0]], dtype=torch.float64)
+    out = OPS.ps_roi_align(x, rois, [2, 2])[0]
+    want = ref.ps_roi_align(x.numpy(), rois.numpy(), output_size=(2, 2))[0]
+    assert (out[0] == 0).all()
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-12, atol=0)
