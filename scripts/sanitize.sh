@@ -9,13 +9,14 @@
 # The tests that need the Python side (the demo-model export fixture, ort_consumer_test,
 # opbridge-run's CLI tests) are left out.
 #
-#   scripts/sanitize.sh [--cases N] [--seed S] [--jobs J] [--timeout-ms T] [--setup]
+#   scripts/sanitize.sh [--cases N] [--seed S] [--jobs J] [--timeout-ms T] [--build-dir D] [--setup]
 #
 # --cases: fuzz cases (default 4000); --seed: the campaign seed (default: today's date, so a
 # day's runs agree and days differ; every failure prints its own one-line repro); --jobs: fuzz
 # worker processes (default: the number of cores); --timeout-ms: per fuzz case (default 20000);
-# --setup: run scripts/setup.sh first (a clean clone needs it once: the Debian packages and
-# third_party/onnxruntime; PyTorch and .venv are not used here).
+# --build-dir: the build folder (default build-sanitize); --setup: run scripts/setup.sh first (a
+# clean clone needs it once: the Debian packages and third_party/onnxruntime; PyTorch and .venv
+# are not used here).
 # Failures listed in tests/fuzz/known_defects.txt are reported but do not fail the run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,14 +27,16 @@ cases=4000
 seed=$(date +%Y%m%d)
 jobs=$(nproc)
 timeout_ms=20000
+bd=build-sanitize
 while [ $# -gt 0 ]; do
   case "$1" in
     --cases) cases=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --timeout-ms) timeout_ms=$2; shift 2 ;;
+    --build-dir) bd=$2; shift 2 ;;
     --setup) scripts/setup.sh; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "sanitize.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -48,15 +51,20 @@ fi
 # libraries alike. UB is fatal (no recovery), so the fuzzer sees it as a crash of the case.
 san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 # GCC's -Wmaybe-uninitialized misfires on instrumented SIMD intrinsics (Eigen's AVX-512 code).
-say "configuring build-sanitize/ (ASan+UBSan, no PyTorch)"
-cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# -O1 -g1 rather than RelWithDebInfo's -O2 -g: the compile is the larger part of this script's
+# time and -O1 takes about half of its CPU off (docs/benchmarks.md, "The loop from clone to
+# green"); -O1 is what ASan's own documentation advises, and line tables (-g1) are all a report
+# needs to name file:line.
+say "configuring $bd/ (ASan+UBSan, -O1 -g1, no PyTorch)"
+cmake -S . -B "$bd" -G Ninja \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DOPBRIDGE_WITH_TORCH=OFF -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON -DOPBRIDGE_BUILD_TESTS=ON -DOPBRIDGE_BUILD_FUZZ=ON \
   -DONNXRUNTIME_ROOT="$ort_root" \
   -DCMAKE_CXX_FLAGS="$san -Wno-maybe-uninitialized" \
   -DCMAKE_EXE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san" >/dev/null
 start=$(date +%s)
 say "building (op library, kernel tests, opbridge-run, fuzzer)"
-cmake --build build-sanitize -j "${OPBRIDGE_JOBS:-$(nproc)}" \
+cmake --build "$bd" -j "${OPBRIDGE_JOBS:-$(nproc)}" \
   --target opbridge_ort opbridge_core_tests opbridge-run opbridge_run_unit_tests opbridge_fuzz
 say "build done in $(( $(date +%s) - start ))s"
 
@@ -67,15 +75,15 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN
 export LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 
 say "kernel tests (opbridge_core_tests)"
-build-sanitize/tests/cpp/opbridge_core_tests --gtest_brief=1
+"$bd"/tests/cpp/opbridge_core_tests --gtest_brief=1
 say "opbridge-run unit tests"
-build-sanitize/tools/opbridge_run_unit_tests --gtest_brief=1
+"$bd"/tools/opbridge_run_unit_tests --gtest_brief=1
 
 models=$(mktemp -d)
 trap 'rm -rf "$models"' EXIT
 say "fuzzing: $cases cases, seed $seed, $jobs jobs"
 start=$(date +%s)
-build-sanitize/tests/fuzz/opbridge_fuzz --cases "$cases" --seed "$seed" --jobs "$jobs" \
+"$bd"/tests/fuzz/opbridge_fuzz --cases "$cases" --seed "$seed" --jobs "$jobs" \
   --timeout-ms "$timeout_ms" --save-models "$models"
 say "fuzzing done in $(( $(date +%s) - start ))s"
 
@@ -85,7 +93,7 @@ say "opbridge-run on saved fuzz models"
 n=0
 for m in $(ls "$models" | sort | awk -F- '!seen[$1]++' | head -20); do
   set +e
-  out=$(ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" build-sanitize/tools/opbridge-run "$models/$m" --random --repeat 2 --threads 2 2>&1)
+  out=$(ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" "$bd"/tools/opbridge-run "$models/$m" --random --repeat 2 --threads 2 2>&1)
   rc=$?
   set -e
   if [ $rc -ne 0 ] && [ $rc -ne 1 ]; then
