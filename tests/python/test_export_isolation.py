@@ -264,6 +264,28 @@ def test_another_threads_warning_during_the_proofs_eager_run_reaches_its_caller(
     assert said and got == said
 
 
+def test_another_threads_warning_while_symbolics_are_registered_reaches_its_caller(monkeypatch):
+    # A TorchScript export registers the exporter's rules again first, hiding the exporter's own
+    # notices there: another thread's warnings in that moment must still pass.
+    said, register = [], torch.onnx.register_custom_op_symbolic
+
+    def registering(*args, **kwargs):
+        if not said:
+            message = "warned while symbolics were registered, from another thread"
+            t = threading.Thread(target=lambda: warnings.warn(message, UserWarning))
+            t.start()
+            t.join()
+            said.append(message)
+        return register(*args, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "register_custom_op_symbolic", registering)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opbridge.export(_Add(), (torch.randn(2, 3),), exporter="torchscript")
+    got = [str(w.message) for w in caught if "from another thread" in str(w.message)]
+    assert said and got == said
+
+
 def test_the_torchscript_exporters_graph_at_an_error_stays_hidden(capfd):
     """The TorchScript exporter writes the graph to the process's stdout from C++ when it fails."""
     lib = torch.library.Library("isolation_test", "DEF")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import warnings
 from typing import Callable
 
 import torch
@@ -16,6 +15,7 @@ from .._library.kinds import ATTR_KINDS, DTYPES, dtype_of
 from .._library.manifest import Library, OpInfo
 from .._library.registry import all_ops
 from .._library.shapes import output_shapes
+from .isolation import hidden_here
 from .rules import ExportOptions, choose_target, input_dtypes, map_call, split_args
 
 # One symbolic for every opset: registered at the exporter's base opset, which its registry also
@@ -136,8 +136,10 @@ def _set_output_types(op: OpInfo, inputs: list, consts: dict, outs: list) -> Non
 
 
 def _register(ops) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the exporter's deprecation notice, once per op
+    # Only this thread's warnings are hidden (an exporter's deprecation notice per op, where the
+    # torch has one): this runs before every TorchScript export, and warnings.catch_warnings would
+    # swap the process's filters and drop other threads' warnings meanwhile.
+    with hidden_here():
         for op in ops:
             symbolic = symbolic_for(op)
             top = TORCHSCRIPT_BASE_OPSET if op.defines_torch_op else TORCHSCRIPT_MAX_OPSET
