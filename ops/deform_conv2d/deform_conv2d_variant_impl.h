@@ -589,6 +589,7 @@ void avx2_corners(const CornerRow<float>& r) {
 template <bool kMasked, int NV>
 void sample_fill_runs(const SampleColumnsJob<float>& j, const CornerBounds& bounds, int32_t* first, float* weight) {
   constexpr int L = kLanes, W = Wide::kWidth;
+  constexpr int64_t kPrefetchAhead = 256 / sizeof(float);
   const int64_t cog = j.cog, runs = j.runs, kk = j.kk, items = kk * runs, kg = items * cog, len = j.len;
   const int64_t nv = NV ? NV : cog / W, c_in = j.c_in, below = j.padded_w * j.c_in, tile = j.tile, pixels = j.pixels;
   const float* image = j.image;
@@ -605,6 +606,14 @@ void sample_fill_runs(const SampleColumnsJob<float>& j, const CornerBounds& boun
         const float* dy = j.offset + 2 * row * pixels + q0;
         const float* mask = kMasked ? j.mask + row * pixels + q0 : nullptr;
         const int32_t channel = static_cast<int32_t>(r * cog);
+        // Each item reads its own rows of dy, dx and mask: 3·kk·runs streams (108 at offset_groups
+        // 4 of a 3x3 kernel), more than the hardware prefetcher follows, and on every call they come
+        // from beyond L2. Asking for each row's line 256 bytes ahead took the forward at offset_groups
+        // 4 to 0.92x its time (0.90x on AVX2); 512 bytes ahead was no better, the non-temporal hint
+        // slower. A prefetch never faults, past a row's end included.
+        _mm_prefetch(reinterpret_cast<const char*>(dy + kPrefetchAhead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(dy + pixels + kPrefetchAhead), _MM_HINT_T0);
+        if (kMasked) _mm_prefetch(reinterpret_cast<const char*>(mask + kPrefetchAhead), _MM_HINT_T0);
         int32_t* at = first + item * L;
         float(*wt)[L] = reinterpret_cast<float(*)[L]>(weight + item * 4 * L);
         if (count == L) {
