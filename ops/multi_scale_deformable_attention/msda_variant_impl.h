@@ -150,20 +150,47 @@ template <typename T> struct LaneIndex;
 template <> struct LaneIndex<float> { typedef int32_t Vec __attribute__((vector_size(kVectorBytes))); };
 template <> struct LaneIndex<double> { typedef int64_t Vec __attribute__((vector_size(kVectorBytes))); };
 
+// row_sums' shuffle masks for N lanes, a pair per block side half = N/2, N/4, .., 1 (stage 0, 1, ..):
+// lane `lane` of lo takes (lane & half) ? lane - half of the second vector : lane of the first, of hi
+// (lane & half) ? lane of the second : lane + half of the first; and the masks that interleave two
+// vectors (backward_samples' (x, y) gradients). Constants: built in row_sums' loop, the compiler
+// made them lane by lane on every call (~12 instructions per sample at 16 lanes).
+template <typename I, int N>
+struct ShuffleMasks {
+  static constexpr int kStages = N == 16 ? 4 : N == 8 ? 3 : N == 4 ? 2 : 1;
+  static_assert(N >> kStages == 1, "N is a power of two up to 16");
+  I lo[kStages][N], hi[kStages][N];
+  I interleave[2][N];  // (a[0], b[0], a[1], b[1], ..) of the first half of a and b, then of the second
+
+  static constexpr ShuffleMasks make() {
+    ShuffleMasks m{};
+    for (int lane = 0; lane < N; ++lane)
+      for (int part = 0; part < 2; ++part)
+        m.interleave[part][lane] = static_cast<I>((lane & 1) * N + part * N / 2 + lane / 2);
+    for (int stage = 0, half = N / 2; stage < kStages; ++stage, half /= 2)
+      for (int lane = 0; lane < N; ++lane) {
+        m.lo[stage][lane] = static_cast<I>((lane & half) ? N + lane - half : lane);
+        m.hi[stage][lane] = static_cast<I>((lane & half) ? N + lane : lane + half);
+      }
+    return m;
+  }
+};
+template <typename I, int N>
+alignas(64) constexpr ShuffleMasks<I, N> kShuffleMasks = ShuffleMasks<I, N>::make();
+
 // s[i] = 0 + m[i][0] + m[i][1] + ... + m[i][N - 1], in that order, for the N rows of m: a
 // sample's sum over lanes, the same sums as one lane after another, done for N samples at once on
 // the transposed rows (a row's horizontal sum is a chain of N dependent additions).
 template <typename T, typename Vec, int N>
 inline Vec row_sums(Vec (&m)[N]) {
   typedef typename LaneIndex<T>::Vec Mask;
+  typedef typename std::remove_reference<decltype(Mask{}[0])>::type I;
   // Transposed by swapping the off-diagonal blocks of side `half`, halving it down to 1.
 #pragma GCC unroll 8
-  for (int half = N / 2; half >= 1; half /= 2) {
+  for (int stage = 0, half = N / 2; half >= 1; ++stage, half /= 2) {
     Mask lo, hi;  // lanes of (m[i], m[i + half]): 0 .. N-1 the first, N .. 2N-1 the second
-    for (int lane = 0; lane < N; ++lane) {
-      lo[lane] = (lane & half) ? N + lane - half : lane;
-      hi[lane] = (lane & half) ? N + lane : lane + half;
-    }
+    __builtin_memcpy(&lo, kShuffleMasks<I, N>.lo[stage], sizeof(Mask));
+    __builtin_memcpy(&hi, kShuffleMasks<I, N>.hi[stage], sizeof(Mask));
 #pragma GCC unroll 16
     for (int i = 0; i < N; ++i)
       if (!(i & half)) {
@@ -175,6 +202,18 @@ inline Vec row_sums(Vec (&m)[N]) {
 #pragma GCC unroll 16
   for (int i = 0; i < N; ++i) s += m[i];
   return s;
+}
+
+// Keeps a loaded vector in a register: read by three multiplications, it was otherwise loaded again
+// by each (the compiler folds a load into each one's operand; one load is 1.07x faster in the
+// AVX-512 backward).
+template <typename V>
+inline void in_register(V& x) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__("" : "+v"(x));
+#else
+  (void)x;
+#endif
 }
 
 template <int kD>
@@ -207,7 +246,7 @@ struct LevelBySample {
 // backward's) computes them, the same operations a vector of samples at a time: each one's state (0:
 // nothing sampled, 1: some corners inside, 2: all four), top-left corner, position along S and its
 // four corners' factors (attention weight times bilinear weight); kGrid: the bilinear weights and
-// fractions too.
+// their derivatives too.
 template <typename T, bool kGrid = false>
 struct SampleTable {
   typedef T Vec __attribute__((vector_size(kVectorBytes)));
@@ -216,7 +255,9 @@ struct SampleTable {
   static constexpr int N = kVectorBytes / sizeof(T), kMax = LevelBySample<T>::kMax;
   alignas(64) T factor[4][kMax];
   alignas(64) I x0[kMax], y0[kMax], position[kMax], state[kMax];
-  alignas(64) T bilinear[4][kMax], lx[kMax], ly[kMax], hx[kMax], hy[kMax];  // kGrid only
+  // kGrid only: the bilinear weights and their derivatives in pixel x (-hy, hy, -ly, ly) and y (-hx, -lx, hx,
+  // lx), corner by corner, read by the backward straight from here (a broadcast from memory).
+  alignas(64) T bilinear[4][kMax], dx[4][kMax], dy[4][kMax];
 
   template <typename V>
   static V load(const void* p) {
@@ -286,8 +327,11 @@ struct SampleTable {
       if constexpr (kGrid) {
         __builtin_memcpy(bilinear[0] + j, &b0, sizeof(Vec)), __builtin_memcpy(bilinear[1] + j, &b1, sizeof(Vec));
         __builtin_memcpy(bilinear[2] + j, &b2, sizeof(Vec)), __builtin_memcpy(bilinear[3] + j, &b3, sizeof(Vec));
-        __builtin_memcpy(this->lx + j, &lx, sizeof(Vec)), __builtin_memcpy(this->ly + j, &ly, sizeof(Vec));
-        __builtin_memcpy(this->hx + j, &hx, sizeof(Vec)), __builtin_memcpy(this->hy + j, &hy, sizeof(Vec));
+        const Vec dx0 = -hy, dx2 = -ly, dy0 = -hx, dy1 = -lx;
+        __builtin_memcpy(dx[0] + j, &dx0, sizeof(Vec)), __builtin_memcpy(dx[1] + j, &hy, sizeof(Vec));
+        __builtin_memcpy(dx[2] + j, &dx2, sizeof(Vec)), __builtin_memcpy(dx[3] + j, &ly, sizeof(Vec));
+        __builtin_memcpy(dy[0] + j, &dy0, sizeof(Vec)), __builtin_memcpy(dy[1] + j, &dy1, sizeof(Vec));
+        __builtin_memcpy(dy[2] + j, &hx, sizeof(Vec)), __builtin_memcpy(dy[3] + j, &lx, sizeof(Vec));
       }
       const IVec pos = load<IVec>(lv.start + j) + yi * wi + xi, st = inside & (interior ? IVec{} + 2 : IVec{} + 1);
       __builtin_memcpy(factor[0] + j, &f0, sizeof(Vec)), __builtin_memcpy(factor[1] + j, &f1, sizeof(Vec));
@@ -395,19 +439,17 @@ inline void backward_samples(const Geometry& g, const LevelBySample<T>& lv, cons
   for (int64_t k = k_begin; k < k_end; ++k) {
     if (t.state[k] == 0) continue;
     const int i = static_cast<int>(k - k_begin);
-    // The bilinear weights' derivatives in x are -hy, hy, -ly, ly for the four corners, in y -hx,
-    // -lx, hx, lx.
-    const T dx_of[4] = {-t.hy[k], t.hy[k], -t.ly[k], t.ly[k]}, dy_of[4] = {-t.hx[k], -t.lx[k], t.hx[k], t.lx[k]};
     const int64_t row = static_cast<int64_t>(t.position[k]) * row_stride, down = static_cast<int64_t>(lv.wi[k]) * row_stride;
     R sum_w, sum_x, sum_y;
     sum_w.zero(), sum_x.zero(), sum_y.zero();
     auto corner = [&](int c) {
       const int64_t pos = row + (c >> 1) * down + (c & 1) * row_stride;
       const T* v = value_bh + pos;
-      const T cw = t.bilinear[c][k];
+      const T cw = t.bilinear[c][k], cx = t.dx[c][k], cy = t.dy[c][k];
       for (int j = 0; j < R::kVecs; ++j) {
-        const auto x = R::load(v + j * N);
-        sum_w.v[j] += cw * x, sum_x.v[j] += dx_of[c] * x, sum_y.v[j] += dy_of[c] * x;
+        auto x = R::load(v + j * N);
+        in_register(x);
+        sum_w.v[j] += cw * x, sum_x.v[j] += cx * x, sum_y.v[j] += cy * x;
       }
       // grad_value's row asked for, to be written, as value's is read: the additions below then
       // find it in L1 (asked for a (query, head) earlier, it was often gone by then).
@@ -436,6 +478,22 @@ inline void backward_samples(const Geometry& g, const LevelBySample<T>& lv, cons
     }
   }
   const Vec dot_w = row_sums<T>(tw), dot_x = row_sums<T>(tx), dot_y = row_sums<T>(ty);
+  if (k_end - k_begin == N) {  // a whole vector of samples: the loop below, lane by lane
+    typedef typename LaneIndex<T>::Vec Mask;
+    typedef typename std::remove_reference<decltype(Mask{}[0])>::type I;
+    Mask state, first, second;
+    Vec w, lw, lh;
+    __builtin_memcpy(&state, t.state + k_begin, sizeof(Mask)), __builtin_memcpy(&w, wt + k_begin, sizeof(Vec));
+    __builtin_memcpy(&lw, lv.w + k_begin, sizeof(Vec)), __builtin_memcpy(&lh, lv.h + k_begin, sizeof(Vec));
+    const Mask some = state != 0;
+    const Vec gx = some ? w * lw * dot_x : Vec{}, gy = some ? w * lh * dot_y : Vec{}, gwv = some ? dot_w : Vec{};
+    __builtin_memcpy(&first, kShuffleMasks<I, N>.interleave[0], sizeof(Mask));
+    __builtin_memcpy(&second, kShuffleMasks<I, N>.interleave[1], sizeof(Mask));
+    const Vec xy0 = __builtin_shuffle(gx, gy, first), xy1 = __builtin_shuffle(gx, gy, second);
+    __builtin_memcpy(gw + k_begin, &gwv, sizeof(Vec));
+    __builtin_memcpy(gl + 2 * k_begin, &xy0, sizeof(Vec)), __builtin_memcpy(gl + 2 * k_begin + N, &xy1, sizeof(Vec));
+    return;
+  }
   for (int64_t k = k_begin; k < k_end; ++k) {
     const int i = static_cast<int>(k - k_begin);
     gl[2 * k] = gl[2 * k + 1] = gw[k] = T(0);

@@ -193,6 +193,38 @@ def test_nan_locations_sample_nothing():
                                                                        (value, shapes, starts, loc, weights)])[0, 0]))
 
 
+@pytest.mark.parametrize("channels", [32, 5])
+def test_samples_outside_every_level_ignore_their_weight_even_when_infinite_or_nan(channels):
+    # A sample outside its level contributes nothing, whatever its weight: no NaN from 0 * inf in
+    # the output, and zero location and weight gradients (the vector path and the lane-by-lane tail).
+    value, shapes, starts, loc, weights = inputs([[4, 5], [2, 3]], batch=1, queries=3, heads=2, channels=channels,
+                                                 points=20, seed=70)
+    loc[0, 1, :, :, :, 0] = -0.5  # x·W − 0.5 ≤ −1 on every level
+    loc[0, 1, :, :, 1::3, 1] = 1.5
+    weights[0, 1, :, :, 0::2] = float("inf")
+    weights[0, 1, :, :, 1::4] = float("nan")
+    weights[0, 1, :, :, 3::4] = -float("inf")
+    grad = r([1, 3, 2 * channels], seed=71)
+    leaves = [t.clone().requires_grad_() for t in (value, loc, weights)]
+    out = msda(leaves[0], shapes, starts, leaves[1], leaves[2])
+    g_value, g_loc, g_weights = torch.autograd.grad(out, leaves, grad)
+    assert torch.equal(out[0, 1], torch.zeros_like(out[0, 1]))
+    assert torch.equal(g_loc[0, 1], torch.zeros_like(g_loc[0, 1]))
+    assert torch.equal(g_weights[0, 1], torch.zeros_like(g_weights[0, 1]))
+    # The other queries and the value gradient: the grid_sample path's with the outside query's
+    # weights at 0 (there, 0 * inf would make NaN of the sampled zeros).
+    finite = weights.clone()
+    finite[0, 1] = 0
+    ref_leaves = [t.clone().requires_grad_() for t in (value, loc, finite)]
+    want = torch_path(ref_leaves[0], shapes.tolist(), ref_leaves[1], ref_leaves[2])
+    w_value, w_loc, w_weights = torch.autograd.grad(want, ref_leaves, grad)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g_value, w_value, rtol=1e-4, atol=1e-4)
+    for q in (0, 2):
+        torch.testing.assert_close(g_loc[0, q], w_loc[0, q], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(g_weights[0, q], w_weights[0, q], rtol=1e-4, atol=1e-4)
+
+
 def test_bfloat16_computes_in_float32_and_rounds_once():
     # numpy has no bfloat16: the reference runs on the same values in float32.
     args = inputs([[4, 4], [2, 2]], dtype="bfloat16", seed=21)
