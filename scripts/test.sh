@@ -20,6 +20,9 @@ scripts/setup.sh
 # Workers share the cores: OpenMP threads that spin after each parallel region (libgomp's
 # default) took the other worker's time; passive ones sleep (measured: 9 min against 10).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+# The op libraries the tests build as a user's project would (tests/python/extra_library): kept
+# in build/ between runs, where Ninja brings them up to date, instead of built afresh per run.
+export OPBRIDGE_TEST_EXTRA_BUILD=${OPBRIDGE_TEST_EXTRA_BUILD:-$root/build/test-extra-library}
 # --dist loadscope: a test class (an op's suite) or module stays on one worker, with its fixtures.
 pytest=(.venv/bin/python -m pytest -q -n auto --dist loadscope)
 if [ "$what" != environments ]; then

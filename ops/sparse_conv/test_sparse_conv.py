@@ -116,6 +116,9 @@ def conv_sample(n, attrs, cin, cout, seed, dtype="float32", inverse=False, **kw)
     return Sample((x, w, pairs, num, rows_out), {"inverse": inverse}, **kw)
 
 
+WIDE_GRADCHECK = "gradcheck: test_gradients_at_whole_vectors_of_output_channels (the same sites, 2 input channels)"
+
+
 class TestSparseIndiceConv(OpTest):
     case = OpCase(
         "sparse_indice_conv",
@@ -128,8 +131,8 @@ class TestSparseIndiceConv(OpTest):
             conv_sample(50, PLANE, 5, 4, 5, "float64", name="strided_2d_float64"),
             conv_sample(30, FOUR, 2, 3, 6, name="four_d"),
             # Whole vectors of output channels (the vectorised loops), 4 pairs at a time and the rest.
-            conv_sample(90, SUBM, 16, 48, 9, name="subm_3d_48_channels"),
-            conv_sample(70, DOWN, 5, 32, 10, inverse=True, name="inverse_3d_32_channels"),
+            conv_sample(90, SUBM, 16, 48, 9, name="subm_3d_48_channels", no_gradcheck=WIDE_GRADCHECK),
+            conv_sample(70, DOWN, 5, 32, 10, inverse=True, name="inverse_3d_32_channels", no_gradcheck=WIDE_GRADCHECK),
             conv_sample(0, DOWN, 3, 4, 7, name="no_sites"),
         ],
         bad_inputs=[
@@ -182,6 +185,20 @@ def test_conv_matches_dense_pytorch_convolutions_at_the_active_sites():
             up = torch.nn.functional.conv_transpose3d(dense(z, oi, want.shape[2:]), w2.permute(3, 4, 0, 1, 2),
                                                       stride=2, padding=1, output_padding=out_pad)
             torch.testing.assert_close(OPS.sparse_indice_conv(z, w2, pairs, num, idx, inverse=True), at(up, idx))
+
+
+def test_gradients_at_whole_vectors_of_output_channels():
+    # The suite's gradcheck for the samples with 48 and 32 output channels, on the same sites and
+    # rulebooks with 2 input channels instead of 16 and 5: gradcheck perturbs each of the 27 x Cin x
+    # Cout weights (20,736 of them at Cin 16, the slowest test there was), and it runs in float64, which never
+    # takes the float32 vector loops those samples are for (fused_product returns false for it);
+    # the float64 path (Eigen's product, the gather and the scatter over the pairs) has no branch on
+    # Cin. The float32 loops at these shapes are checked by the suite's other tests.
+    for sample in (conv_sample(90, SUBM, 2, 48, 9, "float64"),
+                   conv_sample(70, DOWN, 2, 32, 10, "float64", inverse=True)):
+        x, w, *rulebook = sample.inputs
+        assert torch.autograd.gradcheck(lambda x, w: OPS.sparse_indice_conv(x, w, *rulebook, **sample.attrs),
+                                        (x.requires_grad_(), w.requires_grad_()))
 
 
 def maxpool_sample(n, attrs, c, seed, dtype="float32", **kw):

@@ -329,3 +329,30 @@ def test_dynamo_exports_fill_the_torchlib_registry_once_per_set_of_ops(monkeypat
     with dynamo.reused_torchlib_registry():
         assert twice.name() in _registration.ONNXRegistry.from_torchlib().functions
 
+
+
+def test_dynamo_exports_look_up_torchs_cia_ops_once_per_call_and_get_torchs_set(monkeypatch):
+    # torch.export asks for the valid CompositeImplicitAutograd ops twice per export, and looks
+    # every such op up in torch.ops once per op namespace each time; opbridge.export has it looked
+    # up once per call. The set is torch's own, also for an op registered between two calls and
+    # never touched from Python (only the look-up makes its Python object).
+    from opbridge._export import dynamo
+    from torch._export import utils
+    from torch.export import decomp_utils, exported_program
+
+    assert dynamo._valid_cia_ops() == utils._collect_all_valid_cia_ops()
+    lib = torch.library.Library("opbridge_cia_test", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
+    assert torch.ops.opbridge_cia_test._dir == []  # nothing made the op's Python object yet
+    ours = dynamo._valid_cia_ops()
+    assert "opbridge_cia_test::twice" in {op.name() for op in ours}
+    assert ours == utils._collect_all_valid_cia_ops()
+    lib._destroy()
+
+    calls = []
+    monkeypatch.setattr(dynamo, "_valid_cia_ops", lambda: calls.append(1) or utils._collect_all_valid_cia_ops())
+    opbridge.export(MyAdd(), (torch.ones(2, 3), torch.ones(2, 3)))
+    assert len(calls) == 2  # both of torch's callers asked opbridge's look-up
+    assert exported_program._collect_all_valid_cia_ops is decomp_utils._collect_all_valid_cia_ops \
+        is utils._collect_all_valid_cia_ops  # torch's own again after the export

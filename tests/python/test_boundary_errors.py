@@ -23,6 +23,7 @@ import torch
 from onnx import TensorProto, helper
 
 import opbridge
+from cli_inline import run_cli
 from op_cases import backward_ops, builtin_ops, op_cases, run_isolated, samples_of
 from opbridge._library.kinds import DTYPES
 from opbridge._library.registry import libraries as loaded_libraries
@@ -62,11 +63,11 @@ MODELS = textwrap.dedent("""\
 
 
 def _export(tmp_path, factory, exporter, *extra):
+    # The command in this process (cli_inline: its stdout and stderr as a process's); the ops
+    # models.py defines are removed after it, as the end of a process would.
     (tmp_path / "models.py").write_text(MODELS)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
-    return subprocess.run([sys.executable, "-m", "opbridge", "export", f"models.py:{factory}", "-o", "m.onnx",
-                           "--input", "x=8x3:float32", "--exporter", exporter, *extra], capture_output=True, text=True,
-                          cwd=tmp_path, env=env, timeout=600)
+    return run_cli("export", f"models.py:{factory}", "-o", "m.onnx", "--input", "x=8x3:float32", "--exporter",
+                   exporter, *extra, cwd=tmp_path)
 
 
 @pytest.mark.parametrize("factory, exporter, message", [
@@ -232,8 +233,7 @@ def test_an_unknown_attribute_on_an_opbridge_node_is_named(tmp_path):
     with pytest.raises(onnx.checker.ValidationError, match="Unrecognized attribute: kk for operator KnnQuery"):
         onnx.checker.check_model(m, full_check=True)
     onnx.save(m, tmp_path / "m.onnx")
-    r = subprocess.run([sys.executable, "-m", "opbridge", "inspect", str(tmp_path / "m.onnx")], capture_output=True,
-                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "python")}, timeout=300)
+    r = run_cli("inspect", tmp_path / "m.onnx")
     assert r.returncode == 1 and "has attributes 'kk', 'radius', which op 'knn_query' does not take" in \
         " ".join(r.stdout.split()), r.stdout
     # Its own attributes only: nothing to say, and the node runs.

@@ -1,12 +1,15 @@
-"""The `opbridge` command line, run as a subprocess (`python -m opbridge` and the installed
-script): every command's happy path with its values checked, inspect's statuses on models
-this project did not write (checked against ONNX Runtime itself), and bad input as one line."""
+"""The `opbridge` command line: every command's happy path with its values checked, inspect's
+statuses on models this project did not write (checked against ONNX Runtime itself), and bad input
+as one line. Commands run in this process (cli_inline: the same main(), file descriptors 1 and 2
+captured); the tests about a process itself start one (`python -m opbridge`, the installed script,
+the launcher that defers PyTorch)."""
 
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import tomllib
 import warnings
 import xml.etree.ElementTree as ET
@@ -16,11 +19,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from onnx import TensorProto, helper
 
 import opbridge
 from opbridge._runtime import inspect as _inspect
 from opbridge._tools import cli
+from cli_inline import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "python"), os.environ.get("PYTHONPATH")) if p))
@@ -55,8 +60,14 @@ not_a_module = 3
 
 
 def run(*args, env=None, cwd=None):
+    """The command in this process: its exit status, stdout and stderr, as a process's."""
+    return run_cli(*args, env=env, cwd=cwd)
+
+
+def run_process(*args, env=None, cwd=None, timeout=900):
+    """`python -m opbridge ARGS...` in a process of its own."""
     return subprocess.run([sys.executable, "-m", "opbridge", *map(str, args)], capture_output=True, text=True,
-                          env=env or ENV, cwd=cwd, timeout=900)
+                          env=env or ENV, cwd=cwd, timeout=timeout)
 
 
 def assert_one_line_error(r, code, pattern):
@@ -117,10 +128,10 @@ def node_cases():
 # --- ops ---------------------------------------------------------------------------------------
 
 
-def _schema_in_a_fresh_process(op):
-    # The CLI runs in its own process, where ops of libraries that are not imported there (e.g.
-    # torchvision's, or the stand-in some tests define) do not exist.
-    return str(op.overload._schema) if op.qualified_name.split("::")[0] in ("opbridge", "aten") else None
+def _schema_here(op):
+    # The PyTorch op's schema where the dispatcher has it in this process; ops of libraries not
+    # imported here (torch_cluster's, torchvision's until a test imports it) have none.
+    return str(op.overload._schema) if op.qualified_name in torch._C._dispatch_get_all_op_names() else None
 
 
 def test_ops_json_lists_every_loaded_op():
@@ -131,7 +142,7 @@ def test_ops_json_lists_every_loaded_op():
     assert sorted(got) == sorted(op.name for op in opbridge.all_ops())
     for op in opbridge.all_ops():
         o = got[op.name]
-        assert o["torch_schema"] == _schema_in_a_fresh_process(op)
+        assert o["torch_schema"] == _schema_here(op)
         assert o["export"]["kind"] == op.export_kind and o["export"]["rules"] == [r.to_json() for r in op.export_rules]
         if op.has_own_node:
             assert o["export"]["own_node"] == {"domain": op.onnx_domain, "op_type": op.onnx_type,
@@ -154,6 +165,8 @@ def test_ops_json_lists_every_loaded_op():
     assert grid["kind"] == "mapping" and grid["own_node"] is None
     assert grid["summary"] == "opbridge::GridCluster"
     assert got["selu"]["export"]["summary"] == "opbridge::Selu v1 (function, opset 15+)"
+    if "torch_cluster::grid" not in torch._C._dispatch_get_all_op_names():  # no torch_cluster, no stand-in
+        assert got["torch_cluster_grid"]["torch_schema"] is None
     assert got["resize_bicubic"]["export"]["summary"] == ("opbridge::ResizeBicubic v1; ai.onnx::Resize from opset 13 "
                                                           "for T in {float32}")
 
@@ -162,7 +175,7 @@ def test_ops_table_shows_signatures_and_mapping():
     r = run("ops")
     assert r.returncode == 0, r.stderr
     for op in opbridge.all_ops():
-        assert f"torch: {_schema_in_a_fresh_process(op) or op.qualified_name + ' (not in this torch build)'}" in r.stdout
+        assert f"torch: {_schema_here(op) or op.qualified_name + ' (not in this torch build)'}" in r.stdout
         row = next(ln for ln in r.stdout.splitlines() if ln.startswith(op.name + " "))
         assert op.export_kind in row
         for rule in op.export_rules:
@@ -597,8 +610,8 @@ def test_bad_input_files_are_one_line_errors(exported, work, tmp_path, capsys):
     (tmp_path / "garbage.onnx").write_bytes(b"\xff\x00 this is not protobuf \x07" * 20)
     (tmp_path / "empty.onnx").write_bytes(b"")
     (tmp_path / "garbage.npz").write_text("no zip here")
-    # One through a real process (nothing else reaches its stderr), the rest in-process: the same main().
-    assert_one_line_error(run("inspect", tmp_path / "garbage.onnx"), 1, r"is not an ONNX model")
+    # One through `python -m opbridge` (nothing else reaches a process's stderr), the rest in-process.
+    assert_one_line_error(run_process("inspect", tmp_path / "garbage.onnx"), 1, r"is not an ONNX model")
     for argv, code, pattern in [
         (["inspect", tmp_path / "missing.onnx"], 1, r"missing.onnx: no such file"),
         (["graph", tmp_path / "empty.onnx", "-o", tmp_path / "g.dot"], 1, r"is not an ONNX model"),
@@ -716,8 +729,36 @@ def test_verify_refuses_npz_arrays_the_model_does_not_take(exported, work, tmp_p
         assert rc == 1 and re.search(pattern, line), line
 
 
+class _WriterAfter:
+    """Opens each FIFO for writing (and closes it) every second once `delay` seconds have passed, so
+    that a command that opened one to read returns, having read nothing, instead of waiting for a
+    writer forever: opening a FIFO blocks until the other end is opened."""
+
+    def __init__(self, fifos, delay):
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._release, args=(fifos, delay), daemon=True)
+
+    def _release(self, fifos, delay):
+        if self.done.wait(delay):
+            return
+        while not self.done.wait(1.0):
+            for f in fifos:
+                try:
+                    os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:  # ENXIO: no reader waits on it
+                    pass
+
+    def __enter__(self):
+        self.thread.start()
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+
 def test_a_fifo_is_named_as_such_without_blocking(exported, work, tmp_path):
-    # Through real processes with a timeout: opening the FIFO would block until a writer came.
+    # Opening the FIFO would block until a writer came: a writer comes after 30 s, and the
+    # command, if it opened the FIFO, reads nothing and says something else.
     path, _ = exported
     os.mkfifo(tmp_path / "model.onnx")
     os.mkfifo(tmp_path / "in.npz")
@@ -727,8 +768,8 @@ def test_a_fifo_is_named_as_such_without_blocking(exported, work, tmp_path):
         (["verify", path, "--torch", work / "blocks.py:Block", "--inputs", tmp_path / "in.npz"],
          r"--inputs .*in\.npz is a FIFO \(named pipe\), not a regular file"),
     ]:
-        r = subprocess.run([sys.executable, "-m", "opbridge", *map(str, argv)], capture_output=True, text=True,
-                           env=ENV, timeout=120)
+        with _WriterAfter([tmp_path / "model.onnx", tmp_path / "in.npz"], delay=30):
+            r = run(*argv)
         assert_one_line_error(r, 1, pattern)
 
 

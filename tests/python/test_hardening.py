@@ -2,8 +2,6 @@
 input) and the reason, never a crash, a hang or a silently different model."""
 
 import gc
-import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -12,6 +10,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
+from cli_inline import run_cli
 import opbridge
 from opbridge._runtime import inspect as _inspect
 
@@ -88,7 +87,7 @@ def test_load_create_destroy_cycles_keep_memory_bounded():
 @pytest.mark.parametrize("command", ["inspect", "graph", "verify"])
 def test_cli_on_a_directory_says_so(tmp_path, command):
     extra = {"graph": ["-o", str(tmp_path / "g.svg")], "verify": ["--torch", "m.py:M"]}.get(command, [])
-    r = subprocess.run([sys.executable, "-m", "opbridge", command, str(tmp_path), *extra], capture_output=True, text=True)
+    r = run_cli(command, tmp_path, *extra)  # in this process, stdout and stderr as a process's
     assert r.returncode == 1, r.stderr
     assert r.stderr.strip() == f"opbridge: error: {tmp_path} is a directory, not an ONNX model file"
 
@@ -101,7 +100,6 @@ def test_cli_verify_names_an_input_too_large_to_make(tmp_path):
     onnx.save(model, tmp_path / "big.onnx")
     (tmp_path / "m.py").write_text("import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
                                    "        return torch.relu(x)\n")
-    r = subprocess.run([sys.executable, "-m", "opbridge", "verify", str(tmp_path / "big.onnx"), "--torch",
-                        f"{tmp_path / 'm.py'}:M"], capture_output=True, text=True)
+    r = run_cli("verify", tmp_path / "big.onnx", "--torch", f"{tmp_path / 'm.py'}:M")
     assert r.returncode == 1, r.stderr
     assert "input 'x' of shape [1099511627776, 1048576]" in r.stderr and "cannot be made" in r.stderr, r.stderr

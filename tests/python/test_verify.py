@@ -6,10 +6,6 @@ perturbed, so the expected verdict is known independently of the exporter."""
 
 import ctypes
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -17,14 +13,12 @@ import pytest
 import torch
 from onnx import TensorProto as T, helper
 
+from cli_inline import run_cli
 import opbridge
 from opbridge._library import files
 from opbridge._library.registry import find_op, libraries
 from opbridge._runtime.verify import compare, random_outputs
 from opbridge.testing import OpCase, Sample, op_test_suite, random_tensor
-
-ROOT = Path(__file__).resolve().parents[2]
-ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "python"), os.environ.get("PYTHONPATH")) if p))
 
 
 def _model(nodes, inputs, outputs, inits=(), opsets=(("", 17),)):
@@ -118,9 +112,8 @@ def test_verify_on_the_command_line_compares_integers_exactly(tmp_path):
     (tmp_path / "m.py").write_text("import torch\n\nclass Times1(torch.nn.Module):\n"
                                    "    def forward(self, x):\n        return x * 1\n")
     np.savez(tmp_path / "in.npz", x=np.array([100000, 200000, 300000], np.int64))
-    r = subprocess.run([sys.executable, "-m", "opbridge", "verify", tmp_path / "idx.onnx", "--torch",
-                        f"{tmp_path / 'm.py'}:Times1", "--inputs", tmp_path / "in.npz"], capture_output=True, text=True,
-                       env=ENV, timeout=600)
+    r = run_cli("verify", tmp_path / "idx.onnx", "--torch", f"{tmp_path / 'm.py'}:Times1", "--inputs",
+                tmp_path / "in.npz")  # in this process, stdout and stderr as a process's
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "worst at [2]: ONNX Runtime 300001, PyTorch 300000 (off by 1)" in r.stdout
     assert "FAIL: mismatch in out" in r.stdout

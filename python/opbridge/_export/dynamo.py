@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 from typing import Callable
 
 import onnx_ir
@@ -136,3 +137,67 @@ def _torchlib_targets() -> frozenset:
 
     named = {name.split(".")[0] for name in registration.default_registry}
     return frozenset(n for n in torch._C._dispatch_get_all_op_names() if n.split(".")[0] in named)
+
+
+@contextlib.contextmanager
+def cia_ops_collected_once():
+    """torch.export's decompositions (twice per dynamo export) ask torch for every valid
+    CompositeImplicitAutograd op (torch._export.utils._collect_all_valid_cia_ops), which has the
+    dispatcher look up each such op in torch.ops once per op namespace (about 30 of them): 0.1 s,
+    up to a third of a one-op model's export. The lookup only makes Python objects for ops that
+    lack them, so within this context it runs once per call, before the same walk over the
+    namespaces with torch's own tests; nothing is kept between calls (an op registered in between
+    counts). Where this torch lays out its export otherwise, nothing changes."""
+    try:
+        from torch._export import utils
+        from torch.export import decomp_utils, exported_program
+    except ImportError:
+        yield
+        return
+    callers = [m for m in (exported_program, decomp_utils)
+               if getattr(m, "_collect_all_valid_cia_ops", None) is getattr(utils, "_collect_all_valid_cia_ops", None)]
+    needed = ("_materialize_cpp_cia_ops", "_collect_all_valid_cia_ops_for_aten_namespace", "_is_preservable_cia_op")
+    if not all(hasattr(utils, n) for n in needed) or not hasattr(torch.ops, "_dir"):
+        yield
+        return
+    with _CIA_LOCK:  # exports on several threads: the first in patches, the last out restores
+        global _CIA_USERS
+        if _CIA_USERS == 0:
+            _CIA_SAVED[:] = [(m, m._collect_all_valid_cia_ops) for m in callers]
+            for m in callers:
+                m._collect_all_valid_cia_ops = _valid_cia_ops
+        _CIA_USERS += 1
+    try:
+        yield
+    finally:
+        with _CIA_LOCK:
+            _CIA_USERS -= 1
+            if _CIA_USERS == 0:
+                for m, original in _CIA_SAVED:
+                    m._collect_all_valid_cia_ops = original
+                _CIA_SAVED.clear()
+
+
+_CIA_LOCK = threading.Lock()
+_CIA_USERS = 0
+_CIA_SAVED: list = []
+
+
+def _valid_cia_ops() -> set:
+    """The set torch._export.utils._collect_all_valid_cia_ops returns: aten's from torch's own cache,
+    and of every other namespace torch.ops holds, each op overload torch deems a preservable
+    CompositeImplicitAutograd op, after the dispatcher's CompositeImplicitAutograd ops have been
+    looked up in torch.ops once (not once per namespace)."""
+    from torch._export import utils
+
+    utils._materialize_cpp_cia_ops()
+    ops = set()
+    for name in list(torch.ops._dir):
+        if name == "aten":
+            ops |= utils._collect_all_valid_cia_ops_for_aten_namespace()
+            continue
+        namespace = getattr(torch.ops, name)
+        if isinstance(namespace, torch._ops._OpNamespace):
+            ops.update(op for packet in namespace for op in getattr(namespace, packet).op_overloads()
+                       if utils._is_preservable_cia_op(op))
+    return ops

@@ -18,7 +18,7 @@ from .._library.kinds import positional, tensor_leaves
 from .._runtime.inspect import cannot_run
 from .._runtime.second_size import prove
 from .._runtime.verify import random_outputs
-from .dynamo import DEFAULT_DYNAMO_OPSET, reused_torchlib_registry, translation_table
+from .dynamo import DEFAULT_DYNAMO_OPSET, cia_ops_collected_once, reused_torchlib_registry, translation_table
 from .functions import add_functions
 from .graph_inputs import check_dynamic_axes, check_dynamic_shapes, check_inputs, dynamic_shapes_from_axes, modules_of
 from .examples import KeywordsBound, distinct_examples
@@ -154,7 +154,7 @@ def export(
         table = translation_table(opset=opset, custom_nodes=custom_nodes, portable=portable)
         table.update(extra_translations or {})
         with isolated(verbose), op_errors(), _missing_ops(), _undeclared_nodes(), substitutions(*modules_of(model)), \
-                reused_torchlib_registry():
+                reused_torchlib_registry(), cia_ops_collected_once():
             program = torch.onnx.export(model, _torch_args(args), kwargs=kwargs, dynamo=True,
                                         custom_translation_table=table, optimize=False,
                                         opset_version=opset,
