@@ -356,3 +356,41 @@ def test_dynamo_exports_look_up_torchs_cia_ops_once_per_call_and_get_torchs_set(
     assert len(calls) == 2  # both of torch's callers asked opbridge's look-up
     assert exported_program._collect_all_valid_cia_ops is decomp_utils._collect_all_valid_cia_ops \
         is utils._collect_all_valid_cia_ops  # torch's own again after the export
+
+
+def test_exports_on_two_threads_leave_torchs_exporter_as_it_was():
+    # The dynamo export patches two of torch's functions for its duration. Two exports that
+    # overlap (A in, B in, A out, B out) must leave torch's own in place, not A's patch.
+    import threading
+
+    from opbridge._export import dynamo
+    from torch.export import decomp_utils, exported_program
+    from torch.onnx._internal.exporter import _registration
+
+    def current():
+        return (_registration.ONNXRegistry.__dict__["from_torchlib"], exported_program._collect_all_valid_cia_ops,
+                decomp_utils._collect_all_valid_cia_ops)
+
+    before, seen = current(), []
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def first():
+        with dynamo.reused_torchlib_registry(), dynamo.cia_ops_collected_once():
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def second():
+        a_in.wait(10)
+        with dynamo.reused_torchlib_registry(), dynamo.cia_ops_collected_once():
+            b_in.set()
+            a_out.wait(10)
+            seen.append(current())  # still patched while this one is inside
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert seen and all(x is not y for x, y in zip(seen[0], before))
+    assert all(x is y for x, y in zip(current(), before))

@@ -95,37 +95,37 @@ def reused_torchlib_registry():
         from torch.onnx._internal.exporter._registration import ONNXRegistry as cls
     except ImportError:
         cls = None
-    saved = getattr(cls, "__dict__", {}).get("from_torchlib")
+    current = getattr(cls, "__dict__", {}).get("from_torchlib")
     cleanup = getattr(cls, "__dict__", {}).get("_cleanup_registry_based_on_opset_version")
-    if not isinstance(saved, classmethod) or cleanup is None:
+    if not isinstance(current, classmethod) or cleanup is None:
         yield
         return
 
-    def from_torchlib(registry_cls, opset_version=None):
-        # Ops registered later (torchvision's) change which torchlib functions find their
-        # target: which of torchlib's targets exist is the key (ops of other namespaces, a
-        # test's or a library's, leave the registry as it is).
-        key = (registry_cls, _torchlib_targets())
-        filled = _TORCHLIB_REGISTRIES.get(key)
-        if filled is None:
-            _TORCHLIB_REGISTRIES.clear()  # the targets changed: older fills are stale
-            # Filled through a subclass that keeps every opset's functions (nothing patched).
-            unfiltered = type("UnfilteredRegistry", (registry_cls,),
-                              {"_cleanup_registry_based_on_opset_version": lambda self: None})
-            filled = _TORCHLIB_REGISTRIES[key] = saved.__func__(unfiltered)
-        copy = registry_cls.__new__(registry_cls)
-        copy.__dict__.update(filled.__dict__)
-        copy.functions = {target: list(decomps) for target, decomps in filled.functions.items()}
-        if opset_version is not None:
-            copy._opset_version = opset_version
-        copy._cleanup_registry_based_on_opset_version()
-        return copy
+    def patched(saved):
+        def from_torchlib(registry_cls, opset_version=None):
+            # Ops registered later (torchvision's) change which torchlib functions find their
+            # target: which of torchlib's targets exist is the key (ops of other namespaces, a
+            # test's or a library's, leave the registry as it is).
+            key = (registry_cls, _torchlib_targets())
+            filled = _TORCHLIB_REGISTRIES.get(key)
+            if filled is None:
+                _TORCHLIB_REGISTRIES.clear()  # the targets changed: older fills are stale
+                # Filled through a subclass that keeps every opset's functions (nothing patched).
+                unfiltered = type("UnfilteredRegistry", (registry_cls,),
+                                  {"_cleanup_registry_based_on_opset_version": lambda self: None})
+                filled = _TORCHLIB_REGISTRIES[key] = saved.__func__(unfiltered)
+            copy = registry_cls.__new__(registry_cls)
+            copy.__dict__.update(filled.__dict__)
+            copy.functions = {target: list(decomps) for target, decomps in filled.functions.items()}
+            if opset_version is not None:
+                copy._opset_version = opset_version
+            copy._cleanup_registry_based_on_opset_version()
+            return copy
 
-    cls.from_torchlib = classmethod(from_torchlib)
-    try:
+        return classmethod(from_torchlib)
+
+    with _shared_patch(cls, "from_torchlib", patched):
         yield
-    finally:
-        cls.from_torchlib = saved
 
 
 _TORCHLIB_REGISTRIES: dict = {}
@@ -154,33 +154,46 @@ def cia_ops_collected_once():
     except ImportError:
         yield
         return
-    callers = [m for m in (exported_program, decomp_utils)
-               if getattr(m, "_collect_all_valid_cia_ops", None) is getattr(utils, "_collect_all_valid_cia_ops", None)]
     needed = ("_materialize_cpp_cia_ops", "_collect_all_valid_cia_ops_for_aten_namespace", "_is_preservable_cia_op")
     if not all(hasattr(utils, n) for n in needed) or not hasattr(torch.ops, "_dir"):
         yield
         return
-    with _CIA_LOCK:  # exports on several threads: the first in patches, the last out restores
-        global _CIA_USERS
-        if _CIA_USERS == 0:
-            _CIA_SAVED[:] = [(m, m._collect_all_valid_cia_ops) for m in callers]
-            for m in callers:
-                m._collect_all_valid_cia_ops = _valid_cia_ops
-        _CIA_USERS += 1
+
+    def patched(original):  # only where the module calls torch's own
+        return _valid_cia_ops if original is getattr(utils, "_collect_all_valid_cia_ops", None) else original
+
+    with contextlib.ExitStack() as stack:
+        for m in (exported_program, decomp_utils):
+            if "_collect_all_valid_cia_ops" in vars(m):
+                stack.enter_context(_shared_patch(m, "_collect_all_valid_cia_ops", patched))
+        yield
+
+
+_PATCH_LOCK = threading.Lock()
+_PATCHED: dict = {}  # (id(owner), name) -> [threads inside, the original]
+
+
+@contextlib.contextmanager
+def _shared_patch(owner, name: str, make: Callable):
+    """owner.<name> = make(original) for the block. Exports on several threads share one patch:
+    the first in sets it, the last out puts the original back (each saving and restoring its own
+    would let a later thread save the first one's patch as the original and leave it in place)."""
+    key = (id(owner), name)
+    with _PATCH_LOCK:
+        entry = _PATCHED.get(key)
+        if entry is None:
+            original = vars(owner)[name]
+            entry = _PATCHED[key] = [0, original]
+            setattr(owner, name, make(original))
+        entry[0] += 1
     try:
         yield
     finally:
-        with _CIA_LOCK:
-            _CIA_USERS -= 1
-            if _CIA_USERS == 0:
-                for m, original in _CIA_SAVED:
-                    m._collect_all_valid_cia_ops = original
-                _CIA_SAVED.clear()
-
-
-_CIA_LOCK = threading.Lock()
-_CIA_USERS = 0
-_CIA_SAVED: list = []
+        with _PATCH_LOCK:
+            entry[0] -= 1
+            if entry[0] == 0:
+                setattr(owner, name, entry[1])
+                del _PATCHED[key]
 
 
 def _valid_cia_ops() -> set:
