@@ -141,10 +141,11 @@ def on_torch_threads(threads: int, fn: Callable[[], object]) -> Callable[[], obj
 
 def input_gradients(model: Callable[..., object], args: tuple, grad) -> tuple:
     """The gradients of model(*args) with respect to every input, for the output gradient `grad`
-    (fresh leaves each call, so a timed call does the whole forward and backward)."""
+    (fresh leaves each call, so a timed call does the whole forward and backward; leaves that share
+    the inputs' memory, since a copy of the inputs is part of neither side's work)."""
     import torch
 
-    leaves = [a.clone().requires_grad_() for a in args]
+    leaves = [a.detach().requires_grad_() for a in args]
     return torch.autograd.grad(model(*leaves), leaves, grad)
 
 
