@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import threading
 from typing import Callable
 
 import onnx_ir
@@ -16,6 +15,7 @@ import torch
 from .._library.kinds import ATTR_KINDS, DTYPES
 from .._library.manifest import OpInfo
 from .._library.registry import all_ops
+from .held import holding
 from .rules import ExportOptions, choose_target, domain_version, input_dtypes, map_call, split_args
 
 # The standard ops opbridge exports to are written with this opset's onnxscript bindings; the
@@ -124,7 +124,7 @@ def reused_torchlib_registry():
 
         return classmethod(from_torchlib)
 
-    with _shared_patch(cls, "from_torchlib", patched):
+    with holding(cls, "from_torchlib", patched):
         yield
 
 
@@ -165,35 +165,8 @@ def cia_ops_collected_once():
     with contextlib.ExitStack() as stack:
         for m in (exported_program, decomp_utils):
             if "_collect_all_valid_cia_ops" in vars(m):
-                stack.enter_context(_shared_patch(m, "_collect_all_valid_cia_ops", patched))
+                stack.enter_context(holding(m, "_collect_all_valid_cia_ops", patched))
         yield
-
-
-_PATCH_LOCK = threading.Lock()
-_PATCHED: dict = {}  # (id(owner), name) -> [threads inside, the original]
-
-
-@contextlib.contextmanager
-def _shared_patch(owner, name: str, make: Callable):
-    """owner.<name> = make(original) for the block. Exports on several threads share one patch:
-    the first in sets it, the last out puts the original back (each saving and restoring its own
-    would let a later thread save the first one's patch as the original and leave it in place)."""
-    key = (id(owner), name)
-    with _PATCH_LOCK:
-        entry = _PATCHED.get(key)
-        if entry is None:
-            original = vars(owner)[name]
-            entry = _PATCHED[key] = [0, original]
-            setattr(owner, name, make(original))
-        entry[0] += 1
-    try:
-        yield
-    finally:
-        with _PATCH_LOCK:
-            entry[0] -= 1
-            if entry[0] == 0:
-                setattr(owner, name, entry[1])
-                del _PATCHED[key]
 
 
 def _valid_cia_ops() -> set:

@@ -42,6 +42,7 @@ import torch
 from .._library.errors import OpbridgeError
 from .._library.manifest import OpInfo, PythonOperator
 from .._library.registry import libraries
+from .held import hold, is_held, release
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,16 +202,6 @@ _LOCK = threading.RLock()  # the process-wide bindings below
 _INSTALLED: dict[str, _Installed] = {}  # target -> its dispatcher, while a block uses it
 
 
-@dataclasses.dataclass
-class _Held:
-    owner: object
-    name: str
-    own: bool  # the owner had the attribute itself (else it was inherited: deleted again)
-    old: object
-    count: int = 0  # blocks holding it
-
-
-_HELD: dict[tuple[int, str], _Held] = {}  # (id(owner), name) -> the binding, while a block holds it
 _THREAD = threading.local()  # .frames: this thread's blocks, innermost last
 
 
@@ -269,31 +260,8 @@ def _install(rule: Substitution) -> _Installed | None:
     return entry
 
 
-def _hold(owner, name: str, value, held: list) -> None:
-    """owner.name holds `value` until the last block holding it ends."""
-    key = (id(owner), name)
-    if key in held:
-        return
-    h = _HELD.get(key)
-    if h is None:
-        attrs = vars(owner)
-        h = _HELD[key] = _Held(owner, name, name in attrs, attrs.get(name))
-        setattr(owner, name, value)
-    h.count += 1
-    held.append(key)
-
-
 def _release(used: list[_Installed], held: list) -> None:
-    for key in reversed(held):
-        h = _HELD[key]
-        h.count -= 1
-        if h.count == 0:
-            del _HELD[key]
-            if h.own:
-                setattr(h.owner, h.name, h.old)
-            else:
-                delattr(h.owner, h.name)
-    held.clear()
+    release(held)
     for entry in used:
         entry.users -= 1
         if entry.users == 0 and _INSTALLED.get(entry.target) is entry:
@@ -338,9 +306,9 @@ def _rebind(spaces: list, entries: list[_Installed], held: list) -> None:
             if alias is None and by_method and type(value) is types.MethodType:
                 alias = by_method.get((id(value.__func__), id(value.__self__)))
             if alias is not None:
-                _hold(space, key, alias, held)
-            elif id(value) in bound and (id(space), key) in _HELD:
-                _hold(space, key, value, held)
+                hold(space, key, lambda _, v=alias: v, held)
+            elif id(value) in bound and is_held(space, key):
+                hold(space, key, lambda _, v=value: v, held)
 
 
 @contextlib.contextmanager
@@ -382,7 +350,7 @@ def substitutions(*models, only: Iterable[str] | None = None) -> Iterator[list[s
                     entry.rule, entry.replacement = rule, entry.bind(rule.replacement)  # substitute() again
                 entry.users += 1
                 used.append(entry)
-                _hold(entry.owner, entry.name, entry.own_value, held)
+                hold(entry.owner, entry.name, lambda _: entry.own_value, held)
             if used:
                 _rebind([*sys.modules.values(), *instances], used, held)
         except BaseException:
