@@ -176,17 +176,21 @@ inline void copy_channels_last(KernelContext& ctx, const T* input, int64_t n0, i
 
 // The sampling points before the offsets of output pixels [p0, p0 + len), per kernel position
 // (buf.at): the same for every offset group, computed once per tile.
+// Row by row of output pixels: a loop the compiler vectorises (pixel by pixel, with the wrap to the
+// next row, it took 1.5-2% of the forward's time). The points are integers, exact in T.
 template <typename T>
 inline void sample_points(const Geometry& g, int64_t p0, int64_t len, int64_t tile, Buffers<T>& buf) {
   for (int64_t i = 0; i < g.kh; ++i)
     for (int64_t j = 0; j < g.kw; ++j) {
       T* at_y = buf.at.get() + 2 * (i * g.kw + j) * tile;
       T* at_x = at_y + tile;
-      int64_t ho = p0 / g.w_out, wo = p0 % g.w_out;
-      for (int64_t q = 0; q < len; ++q) {
-        at_y[q] = static_cast<T>(ho * g.stride_h - g.pad_h + i * g.dil_h);
-        at_x[q] = static_cast<T>(wo * g.stride_w - g.pad_w + j * g.dil_w);
-        if (++wo == g.w_out) wo = 0, ++ho;
+      for (int64_t q = 0, ho = p0 / g.w_out, wo = p0 % g.w_out; q < len; q += g.w_out - wo, wo = 0, ++ho) {
+        const int64_t run = std::min(len - q, g.w_out - wo);
+        const T y = static_cast<T>(ho * g.stride_h - g.pad_h + i * g.dil_h);
+        const int64_t x0 = wo * g.stride_w - g.pad_w + j * g.dil_w, sw = g.stride_w;
+        T* __restrict ys = at_y + q;
+        T* __restrict xs = at_x + q;
+        for (int64_t r = 0; r < run; ++r) ys[r] = y, xs[r] = static_cast<T>(x0 + r * sw);
       }
     }
 }

@@ -162,6 +162,15 @@ TEST(DeformConv2dKernel, ManyTilesAndWideGemm) {
   cf.groups = 4, cf.offset_groups = 3, cf.stride = {2, 1};
   check<double>(cf);
 }
+TEST(DeformConv2dKernel, TilesStartMidRowWithAColumnStride) {
+  // Tiles of 240 output pixels (cut to whole 48-pixel blocks where the GEMM allows) over rows of 19:
+  // each tile's sampling points start mid-row and wrap, stepping 2 input columns per pixel.
+  Config cf;
+  cf.n = 1, cf.c_in = 32, cf.c_out = 16, cf.h = 40, cf.w = 37, cf.offset_groups = 2;
+  cf.padding = {1, 1}, cf.stride = {1, 2};
+  check<float>(cf);
+  check<double>(cf);
+}
 TEST(DeformConv2dKernel, OnePixelOutput) {
   Config cf;
   cf.h = 3, cf.w = 3;

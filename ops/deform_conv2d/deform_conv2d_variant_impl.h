@@ -800,14 +800,14 @@ Variant this_variant(const char* isa) {
   Variant v;
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   // In Kernels' order: channels_last, corners, columns, weight_size, pack_weight, gemm,
-  // gemm_acc_g_cols, gemm_gt_w, sample_grads, sample_columns.
+  // gemm_acc_g_cols, gemm_gt_w, sample_grads, sample_columns, gemm_same_for_any_n.
 #if defined(__AVX512F__)
   const auto wide_corners_here = &wide_corners;
 #else
   const auto wide_corners_here = &avx2_corners;
 #endif
   v.f32 = {&wide_channels_last, wide_corners_here, &wide_columns, &wide_weight_size, &wide_pack_weight, &wide_gemm,
-           &gemm_acc_g_cols<float>, &gemm_gt_w<float>, &sample_grads<float>, &wide_sample_columns};
+           &gemm_acc_g_cols<float>, &gemm_gt_w<float>, &sample_grads<float>, &wide_sample_columns, true};
 #else
   v.f32 = {&channels_last<float>, &corners<float>, &columns<float>, &eigen_weight_size<float>,
            &eigen_pack_weight<float>, &gemm<float>, &gemm_acc_g_cols<float>, &gemm_gt_w<float>, &sample_grads<float>};

@@ -96,6 +96,9 @@ struct Kernels {
   // `corners` and `columns` of one group in one pass, where the variant has such a loop for the
   // job's shape (null, or it returns false: call those two).
   bool (*sample_columns)(const SampleColumnsJob<T>& job) = nullptr;
+  // True where `gemm` sums each output the same way whatever n is (the project's float32 GEMM);
+  // Eigen's blocking, and so its order of summation, depends on n.
+  bool gemm_same_for_any_n = false;
 };
 
 struct Variant {
