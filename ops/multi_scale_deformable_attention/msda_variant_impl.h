@@ -342,48 +342,70 @@ struct SampleTable {
   }
 };
 
+// Adds sample k of table t (value at a head's first channel) to acc: its corners inside the
+// level in the fixed order.
+template <typename R, typename T>
+inline void add_sample(const LevelBySample<T>& lv, const SampleTable<T>& t, int64_t k, const T* value_bh,
+                       int64_t row_stride, R& acc) {
+  if (t.state[k] == 0) return;
+  const T* v = value_bh + static_cast<int64_t>(t.position[k]) * row_stride;
+  const int64_t down = static_cast<int64_t>(lv.wi[k]) * row_stride;
+  if (t.state[k] == 2) {
+    acc.add(t.factor[0][k], v), acc.add(t.factor[1][k], v + row_stride);
+    acc.add(t.factor[2][k], v + down), acc.add(t.factor[3][k], v + down + row_stride);
+    return;
+  }
+  for (int c = 0; c < 4; ++c) {
+    const int64_t yy = t.y0[k] + (c >> 1), xx = t.x0[k] + (c & 1);
+    if (yy >= 0 && yy < lv.hi[k] && xx >= 0 && xx < lv.wi[k])
+      acc.add(t.factor[c][k], v + (c >> 1) * down + (c & 1) * row_stride);
+  }
+}
+
 // Fixed channel counts with a SampleTable per (b, q, h): the samples' coordinates and weights
 // computed a vector at a time, then their corners added in the fixed order (levels, points,
-// corners) into an accumulator held in registers.
+// corners) into an accumulator held in registers. Two (b, q, h)s at a time, sample by sample: each
+// accumulator is a chain of dependent additions, and two independent chains overlap their
+// latencies (each output's sums are the same, in the same order).
 template <int kD, typename T>
 void forward_rows_fixed(const Geometry& g, const LevelBySample<T>& lv, const T* value, const T* locations,
                         const T* weights, int64_t b, int64_t q_begin, int64_t q_end, T* output) {
   using R = Row<T, kD>;
   const int64_t row_stride = g.heads * kD, lp = g.levels * g.points;
   const T* value_b = value + b * g.spatial * row_stride;
-  SampleTable<T> tables[2];
+  // The (b, q, h)s of these queries, one after another: slot = (b * Q + q) * H + h.
+  const int64_t first = (b * g.queries + q_begin) * g.heads, last = (b * g.queries + q_end) * g.heads;
+  auto head_of = [&](int64_t slot) { return value_b + (slot % g.heads) * kD; };
+  SampleTable<T> tables[4];
   int turn = 0;
-  for (int64_t q = q_begin; q < q_end; ++q) {
-    for (int64_t h = 0; h < g.heads; ++h) {
-      const int64_t slot = (b * g.queries + q) * g.heads + h;  // (b, q, h)
-      // The next (b, q, h)'s table made now and its rows asked for: they arrive while this one sums.
-      SampleTable<T>& t = tables[turn];
-      SampleTable<T>& next = tables[turn ^= 1];
-      if (q == q_begin && h == 0) t.set(lv, locations + slot * lp * 2, weights + slot * lp, lp);
-      if (q + 1 < q_end || h + 1 < g.heads) {
-        next.set(lv, locations + (slot + 1) * lp * 2, weights + (slot + 1) * lp, lp);
-        next.prefetch(lv, value_b + (h + 1 < g.heads ? h + 1 : 0) * kD, row_stride, lp, kD * sizeof(T));
-      }
-      const T* value_bh = value_b + h * kD;
-      R acc;
-      acc.zero();
-      for (int64_t k = 0; k < lp; ++k) {
-        if (t.state[k] == 0) continue;
-        const T* v = value_bh + static_cast<int64_t>(t.position[k]) * row_stride;
-        const int64_t down = static_cast<int64_t>(lv.wi[k]) * row_stride;
-        if (t.state[k] == 2) {
-          acc.add(t.factor[0][k], v), acc.add(t.factor[1][k], v + row_stride);
-          acc.add(t.factor[2][k], v + down), acc.add(t.factor[3][k], v + down + row_stride);
-          continue;
-        }
-        for (int c = 0; c < 4; ++c) {
-          const int64_t yy = t.y0[k] + (c >> 1), xx = t.x0[k] + (c & 1);
-          if (yy >= 0 && yy < lv.hi[k] && xx >= 0 && xx < lv.wi[k])
-            acc.add(t.factor[c][k], v + (c >> 1) * down + (c & 1) * row_stride);
-        }
-      }
-      acc.store(output + slot * kD);
+  for (int64_t slot = first; slot < last; slot += 2) {
+    // The next two (b, q, h)s' tables made now and their rows asked for: they arrive while these sum.
+    SampleTable<T>* t = tables + turn;
+    SampleTable<T>* next = tables + (turn ^= 2);
+    const bool two = slot + 1 < last;
+    if (slot == first) {
+      t[0].set(lv, locations + slot * lp * 2, weights + slot * lp, lp);
+      if (two) t[1].set(lv, locations + (slot + 1) * lp * 2, weights + (slot + 1) * lp, lp);
     }
+    for (int64_t i = 0; i < 2 && slot + 2 + i < last; ++i) {
+      const int64_t s = slot + 2 + i;
+      next[i].set(lv, locations + s * lp * 2, weights + s * lp, lp);
+      next[i].prefetch(lv, head_of(s), row_stride, lp, kD * sizeof(T));
+    }
+    const T* v0 = head_of(slot);
+    R acc0;
+    acc0.zero();
+    if (two) {
+      const T* v1 = head_of(slot + 1);
+      R acc1;
+      acc1.zero();
+      for (int64_t k = 0; k < lp; ++k)
+        add_sample(lv, t[0], k, v0, row_stride, acc0), add_sample(lv, t[1], k, v1, row_stride, acc1);
+      acc1.store(output + (slot + 1) * kD);
+    } else {
+      for (int64_t k = 0; k < lp; ++k) add_sample(lv, t[0], k, v0, row_stride, acc0);
+    }
+    acc0.store(output + slot * kD);
   }
 }
 

@@ -184,6 +184,26 @@ def test_results_do_not_depend_on_the_thread_count():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("channels", [32, 5])
+def test_encoder_queries_taken_in_tiles_give_the_bits_of_index_order(channels):
+    # Queries that are the levels' positions (Q == S) are taken in tiles of their level; the same
+    # queries split in two calls (Q != S each) run in index order: every output row bit for bit.
+    sizes = [[13, 70], [7, 35], [4, 18], [2, 9], [1, 1]]
+    s = sum(h * w for h, w in sizes)
+    value, shapes, starts, loc, weights = inputs(sizes, batch=2, queries=s, heads=3, channels=channels, points=2,
+                                                 seed=60)
+    cut = s // 3
+    parts = [msda(value, shapes, starts, loc[:, a:b].contiguous(), weights[:, a:b].contiguous())
+             for a, b in ((0, cut), (cut, s))]
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, max(2, threads)):  # the tiles split over threads too
+            torch.set_num_threads(n)
+            assert torch.equal(msda(value, shapes, starts, loc, weights), torch.cat(parts, 1))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_nan_locations_sample_nothing():
     value, shapes, starts, loc, weights = inputs([[4, 5], [2, 3]], batch=1, queries=2)
     loc[0, 1] = float("nan")
