@@ -54,11 +54,14 @@ OPBRIDGE_LIBRARY(\"${name}\", \"${ARG_TORCH_NAMESPACE}\", \"${ARG_ONNX_DOMAIN}\"
         list(APPEND isa_flags -mavx512f -mavx512dq -mavx512vl -mavx512bw)
       endif()
       if(isa_sources)
-        set_source_files_properties(${isa_sources} PROPERTIES COMPILE_OPTIONS "${isa_flags}")
+        # No precompiled header either (a target may have one): it was built for the baseline ISA.
+        set_source_files_properties(${isa_sources} PROPERTIES COMPILE_OPTIONS "${isa_flags}"
+                                                              SKIP_PRECOMPILE_HEADERS ON)
       endif()
     endforeach()
   endif()
 
+  set_source_files_properties(${info_cc} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)  # two lines, no header to share
   add_library(${name}_ops OBJECT ${ARG_SOURCES} ${info_cc})
   target_link_libraries(${name}_ops PUBLIC opbridge::core)
   set_target_properties(${name}_ops PROPERTIES POSITION_INDEPENDENT_CODE ON CXX_VISIBILITY_PRESET hidden
