@@ -294,13 +294,13 @@ def _rebind(spaces: list, entries: list[_Installed], held: list) -> None:
     attributes for all the rules: it runs on every export. Values are matched by identity and
     type, never with their own __eq__ or __getattr__ (torch.ops' namespaces, in sys.modules,
     resolve any attribute asked for)."""
-    by_id, by_method, bound = {}, {}, {}
+    by_id, by_method, bound = {}, {}, set()  # bound: the dispatchers' ids
     for e in entries:
         by_id[id(e.original)] = e.alias
-        bound[id(e.alias)] = e.alias
+        bound.add(id(e.alias))
         if isinstance(e.original, types.MethodType):
             by_method[(id(e.original.__func__), id(e.original.__self__))] = e.alias
-    wanted = frozenset(by_id).union(bound)
+    wanted = bound.union(by_id)
     for space in spaces:
         attrs = getattr(space, "__dict__", None)
         if not isinstance(attrs, dict):
